@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Build the local control plane's upstream tools from their Go modules into a
+# cache outside the checkout, keyed by version:
+#   $CACHE/<tool>-<version>/bin/<binary>
+# A folder is complete only when its .done stamp exists, so an interrupted
+# build is redone, and a fresh clone reuses what an earlier clone built.
+#
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|all]...   (default: all)
+# Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
+# prints the bin folders, one per line, for PATH.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+CACHE=${GPU_SCHEDULER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-scheduler}
+export GOFLAGS="-trimpath -mod=mod"
+export CGO_ENABLED=0
+# Two cores and a shared machine: one compile at a time per package is fine,
+# but let the linker and compiler use both cores.
+export GOMAXPROCS=${GOMAXPROCS:-2}
+
+log() { printf '[provision] %s\n' "$*" >&2; }
+
+k8s_dir="$CACHE/kubernetes-$KUBERNETES_VERSION"
+etcd_dir="$CACHE/etcd-$ETCD_VERSION-k8s-$KUBERNETES_VERSION"
+kwok_dir="$CACHE/kwok-$KWOK_VERSION"
+helm_dir="$CACHE/helm-$HELM_VERSION"
+ct_dir="$CACHE/ct-$CT_VERSION"
+
+print_bin_dirs() {
+  printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin"
+}
+
+check_go() {
+  command -v go >/dev/null || { log "go is not installed; install Go >= $GO_MIN_VERSION"; exit 1; }
+  local have
+  have=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n%s\n' "$GO_MIN_VERSION" "$have" | sort -V | head -n1)" != "$GO_MIN_VERSION" ]; then
+    log "Go $have is older than $GO_MIN_VERSION, which Kubernetes $KUBERNETES_VERSION needs"; exit 1
+  fi
+}
+
+# Wrapper module that builds k8s.io/kubernetes commands: the kubernetes module
+# replaces its ~33 staging modules with ./staging paths, which `go install`
+# refuses; we replace each with its published v0.N.P instead.
+k8s_wrapper() {
+  local src="$CACHE/src/kubernetes-$KUBERNETES_VERSION"
+  local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+  if [ -f "$src/.ready" ]; then echo "$src"; return; fi
+  rm -rf "$src"; mkdir -p "$src/etcd"
+  local modfile
+  modfile=$(mktemp)
+  curl_mod "k8s.io/kubernetes" "$KUBERNETES_VERSION" >"$modfile"
+  {
+    echo "module gpu-scheduler.local/k8s-build"
+    echo
+    echo "go $(awk '$1=="go"{print $2; exit}' "$modfile")"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    awk '/=> \.\/staging\/src\//{print $1}' "$modfile" | while read -r m; do
+      echo "	$m => $m $staging_version"
+    done
+    echo ")"
+  } >"$src/go.mod"
+  rm -f "$modfile"
+  # etcd: built from the same module graph, through its own entry point.
+  cat >"$src/etcd/main.go" <<'GO'
+// Command etcd is go.etcd.io/etcd/server/v3's etcdmain, built from the
+// module graph that k8s.io/kubernetes pins.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  log "staging modules replaced: $(grep -c '=> k8s.io/' "$src/go.mod") at $staging_version"
+  touch "$src/.ready"
+  echo "$src"
+}
+
+curl_mod() { # module version -> go.mod text, via the module proxy (go mod download)
+  local tmp json
+  tmp=$(mktemp -d)
+  json=$(cd "$tmp" && GOFLAGS= go mod download -json "$1@$2")
+  rm -rf "$tmp"
+  cat "$(printf '%s' "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+}
+
+build_k8s() {
+  [ -f "$k8s_dir/.done" ] && return
+  check_go
+  local src; src=$(k8s_wrapper)
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  local x=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    x+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    x+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=0000000000000000000000000000000000000000"
+  done
+  mkdir -p "$k8s_dir/bin"
+  log "building kube-apiserver kube-controller-manager kube-scheduler kubectl $KUBERNETES_VERSION (cold: tens of minutes)"
+  (cd "$src" && go build -ldflags "-s -w$x" -o "$k8s_dir/bin/" \
+      k8s.io/kubernetes/cmd/kube-apiserver \
+      k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubectl)
+  "$k8s_dir/bin/kube-apiserver" --version | grep -qx "Kubernetes $KUBERNETES_VERSION" \
+    || { log "kube-apiserver does not report $KUBERNETES_VERSION"; exit 1; }
+  touch "$k8s_dir/.done"
+}
+
+build_etcd() {
+  [ -f "$etcd_dir/.done" ] && return
+  check_go
+  local src; src=$(k8s_wrapper)
+  mkdir -p "$etcd_dir/bin"
+  log "building etcd from the Kubernetes $KUBERNETES_VERSION module graph"
+  (cd "$src" && go build -ldflags "-s -w" -o "$etcd_dir/bin/etcd" ./etcd)
+  "$etcd_dir/bin/etcd" --version >&2
+  touch "$etcd_dir/.done"
+}
+
+go_install() { # dir module@version ldflags
+  mkdir -p "$1/bin"
+  GOBIN="$1/bin" go install -ldflags "-s -w ${3:-}" "$2"
+}
+
+build_kwok() {
+  [ -f "$kwok_dir/.done" ] && return
+  check_go
+  log "building kwok $KWOK_VERSION"
+  go_install "$kwok_dir" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+  touch "$kwok_dir/.done"
+}
+
+build_helm() {
+  [ -f "$helm_dir/.done" ] && return
+  check_go
+  log "building helm $HELM_VERSION"
+  go_install "$helm_dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  "$helm_dir/bin/helm" version --short >&2
+  touch "$helm_dir/.done"
+}
+
+build_ct() {
+  [ -f "$ct_dir/.done" ] && return
+  check_go
+  log "building ct $CT_VERSION"
+  go_install "$ct_dir" "github.com/helm/chart-testing/v3/ct@$CT_VERSION" \
+    "-X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION"
+  touch "$ct_dir/.done"
+}
+
+if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
+targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
+start=$(date +%s)
+for t in "${targets[@]}"; do
+  case "$t" in
+    k8s) build_k8s ;; etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; ct) build_ct ;;
+    all) build_k8s; build_etcd; build_kwok; build_helm; build_ct ;;
+    *) log "unknown target $t"; exit 2 ;;
+  esac
+done
+el=$(( $(date +%s) - start ))
+[ "$el" -gt 5 ] && log "done in ${el}s"
+exit 0
