@@ -15,14 +15,16 @@ from gpu_scheduling.schedmap import ANNOTATION, Entry, SchedulingMap, parse
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 # Where the scheduler records what it bound, for the ledger and for users.
 ASSIGNMENT_ANNOTATION = "gpu-scheduler/assigned"
-_TRAILING_ORDINAL = re.compile(r"-([0-9]+)$")
-_DIGITS = re.compile(r"^[0-9]+$")
+# ASCII digits only (no "٣"), anchored with \Z so a trailing newline is not accepted,
+# and bounded so int() never sees a pathological string.
+_TRAILING_ORDINAL = re.compile(r"-([0-9]{1,18})\Z")
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 def ordinal_of(name: str | None, labels: Mapping[str, str] | None) -> int | None:
     """Label ``apps.kubernetes.io/pod-index``, else the trailing ``-N`` of the name."""
     value = (labels or {}).get(POD_INDEX_LABEL)
-    if value is not None and _DIGITS.match(value):
+    if isinstance(value, str) and _DIGITS.fullmatch(value):
         return int(value)
     match = _TRAILING_ORDINAL.search(name or "")
     return int(match.group(1)) if match else None

@@ -24,9 +24,9 @@ ANNOTATION = "gpu-scheduling-map"
 
 # RFC 1123 subdomain, as Kubernetes validates node names.
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_NODE_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_NODE_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _NODE_MAX = 253
-_INT_RE = re.compile(r"^[0-9]+$")
+_INT_RE = re.compile(r"[0-9]+")
 # Upper bounds that keep a typo from becoming a huge number downstream.
 MAX_ORDINAL = 1_000_000
 MAX_GPU_INDEX = 1023
@@ -93,11 +93,17 @@ class SchedulingMap(Mapping[int, Entry]):
         return {e.node for e in self.entries.values()}
 
 
-def _int(token: str, what: str, limit: int, line: int, text: str, problems: list[Problem]) -> int | None:
-    if not _INT_RE.match(token):
+def _int(token: str, what: str, limit: int, *, line: int, text: str, problems: list[Problem]) -> int | None:
+    if not _INT_RE.fullmatch(token):
         problems.append(Problem(line, text, f"{what} {token!r} is not a non-negative integer"))
         return None
-    value = int(token)
+    # Compare lengths first: int() refuses strings of more than 4300 digits with a
+    # plain ValueError, and parse() promises to raise nothing but MapError.
+    digits = token.lstrip("0") or "0"
+    if len(digits) > len(str(limit)):
+        problems.append(Problem(line, text, f"{what} {digits[:20]}... is larger than {limit}"))
+        return None
+    value = int(digits)
     if value > limit:
         problems.append(Problem(line, text, f"{what} {value} is larger than {limit}"))
         return None
@@ -115,11 +121,11 @@ def _parse_entry(chunk: str, line: int, problems: list[Problem]) -> Entry | None
         problems.append(Problem(line, text, "expected NODE:GPU[,GPU...] after '=', found no ':'"))
         return None
     before = len(problems)
-    ordinal = _int(ordinal_s.strip(), "ordinal", MAX_ORDINAL, line, text, problems)
+    ordinal = _int(ordinal_s.strip(), "ordinal", MAX_ORDINAL, line=line, text=text, problems=problems)
     node = node_s.strip()
     if not node:
         problems.append(Problem(line, text, "node name is empty"))
-    elif len(node) > _NODE_MAX or not _NODE_RE.match(node):
+    elif len(node) > _NODE_MAX or not _NODE_RE.fullmatch(node):
         problems.append(
             Problem(
                 line,
@@ -137,7 +143,7 @@ def _parse_entry(chunk: str, line: int, problems: list[Problem]) -> Entry | None
         if not token:
             problems.append(Problem(line, text, "empty GPU index (stray ',')"))
             continue
-        gpu = _int(token, "GPU index", MAX_GPU_INDEX, line, text, problems)
+        gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
         if gpu is None:
             continue
         if gpu in gpus:
