@@ -1,0 +1,180 @@
+"""Property tests for the grammar: round trips and "only MapError, whatever the text"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gpu_scheduling.schedmap import MAX_GPU_INDEX, MAX_ORDINAL, Entry, MapError, SchedulingMap, parse
+
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
+node_names = st.from_regex(rf"{_LABEL}(\.{_LABEL}){{0,2}}", fullmatch=True)
+ordinals = st.integers(min_value=0, max_value=MAX_ORDINAL)
+gpu_indices = st.integers(min_value=0, max_value=MAX_GPU_INDEX)
+
+
+@st.composite
+def scheduling_maps(draw: Any) -> SchedulingMap:
+    """A valid map: unique ordinals, no GPU twice in an entry, no NODE:GPU given twice."""
+    nodes = draw(st.lists(node_names, min_size=1, max_size=4, unique=True))
+    wanted = draw(st.lists(ordinals, min_size=1, max_size=8, unique=True))
+    taken: set[tuple[str, int]] = set()
+    entries: dict[int, Entry] = {}
+    for ordinal in wanted:
+        node = draw(st.sampled_from(nodes))
+        gpus = draw(st.lists(gpu_indices, min_size=1, max_size=4, unique=True))
+        gpus = [g for g in gpus if (node, g) not in taken]
+        if not gpus:
+            continue
+        taken.update((node, g) for g in gpus)
+        entries[ordinal] = Entry(ordinal, node, tuple(gpus))
+    assume(entries)
+    return SchedulingMap(entries)
+
+
+spaces = st.sampled_from(["", " ", "  ", "\t", " \t "])
+comment_text = st.text(
+    alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=20
+)
+
+
+@st.composite
+def renderings(draw: Any, smap: SchedulingMap) -> tuple[str, dict[int, int]]:
+    """Render ``smap`` with random spacing, leading zeros, comments, ';', blank lines and CRLF.
+
+    Returns the text and the line each ordinal was written on.
+    """
+    order = draw(st.permutations(list(smap)))
+    eol = draw(st.sampled_from(["\n", "\r\n"]))
+    out: list[str] = []
+    line = 1
+    where: dict[int, int] = {}
+
+    def num(n: int) -> str:
+        return "0" * draw(st.integers(0, 2)) + str(n)
+
+    def ws() -> str:
+        return str(draw(spaces))
+
+    for i, ordinal in enumerate(order):
+        e = smap[ordinal]
+        gpus = ",".join(ws() + num(g) + ws() for g in e.gpus)
+        out.append(f"{ws()}{num(ordinal)}{ws()}={ws()}{e.node}{ws()}:{gpus}")
+        where[ordinal] = line
+        if i == len(order) - 1:
+            tail = draw(st.sampled_from(["", eol, ";", ";" + eol, " # end" + eol]))
+            out.append(tail)
+            break
+        sep = draw(
+            st.sampled_from(["eol", "semi", "semi-eol", "comment", "blank", "comment-line", "semi-semi"])
+        )
+        if sep == "eol":
+            out.append(eol)
+            line += 1
+        elif sep == "semi":
+            out.append(ws() + ";")
+        elif sep == "semi-semi":
+            out.append(";" + ws() + ";")
+        elif sep == "semi-eol":
+            out.append(";" + eol)
+            line += 1
+        elif sep == "comment":
+            out.append(ws() + "#" + draw(comment_text) + eol)
+            line += 1
+        elif sep == "blank":
+            out.append(eol + ws() + eol)
+            line += 2
+        else:
+            out.append(eol + "# " + draw(comment_text) + eol)
+            line += 2
+    return "".join(out), where
+
+
+@settings(max_examples=300)
+@given(scheduling_maps())
+def test_format_then_parse_round_trips(smap: SchedulingMap) -> None:
+    text = smap.format()
+    back = parse(text)
+    assert back == smap
+    assert back.format() == text
+    # format() writes one entry per line, in ordinal order.
+    assert [back[o].line for o in back] == list(range(1, len(smap) + 1))
+
+
+@settings(max_examples=300)
+@given(st.data())
+def test_any_rendering_parses_back(data: st.DataObject) -> None:
+    smap = data.draw(scheduling_maps())
+    text, where = data.draw(renderings(smap))
+    back = parse(text)
+    assert back == smap
+    assert {o: back[o].line for o in back} == where
+
+
+grammar_soup = st.text(
+    alphabet=st.sampled_from(list("0123456789=:,;# \t\r\nab-.Z_²٣\uff11\u00a0\u2028\x1c\x00é")), max_size=60
+)
+huge_numbers = st.integers(min_value=MAX_ORDINAL + 1, max_value=10**30).map(str) | st.just("9" * 5000)
+
+
+@st.composite
+def near_misses(draw: Any) -> str:
+    """A valid map with one token swapped for junk: exercises each error path."""
+    smap = draw(scheduling_maps())
+    text = smap.format()
+    junk = draw(
+        st.sampled_from(["", "x", "-1", "²", "٣", "\uff11", "0x1", "Node", "a_b", ",", "=", ":", ";", "#"])
+    )
+    junk = draw(st.just(junk) | huge_numbers)
+    pos = draw(st.integers(0, len(text)))
+    cut = draw(st.integers(0, 3))
+    return text[:pos] + junk + text[pos + cut :]
+
+
+def _assert_only_map_error(text: str) -> None:
+    try:
+        smap = parse(text)
+    except MapError as err:
+        assert err.problems
+        lines = text.split("\n")
+        for p in err.problems:
+            assert 1 <= p.line <= len(lines)
+            if p.message != "the map has no entries":
+                # The text quoted is a piece of the line it names.
+                assert p.text in lines[p.line - 1]
+        return
+    # Whatever parses is canonical and round-trips.
+    assert parse(smap.format()) == smap
+    assert len(smap) >= 1
+
+
+@settings(max_examples=500)
+@given(st.text(max_size=200))
+def test_arbitrary_text_raises_only_map_error(text: str) -> None:
+    _assert_only_map_error(text)
+
+
+@settings(max_examples=500)
+@given(grammar_soup)
+def test_grammar_like_soup_raises_only_map_error(text: str) -> None:
+    _assert_only_map_error(text)
+
+
+@settings(max_examples=300)
+@given(near_misses())
+def test_near_misses_raise_only_map_error(text: str) -> None:
+    _assert_only_map_error(text)
+
+
+@settings(max_examples=200)
+@given(huge_numbers, huge_numbers)
+def test_huge_numbers_are_map_errors(a: str, b: str) -> None:
+    for text in (f"{a}=n:0", f"0=n:{b}", f"{a}=n:{b}"):
+        try:
+            parse(text)
+        except MapError as err:
+            assert all("larger than" in p.message for p in err.problems)
+        else:  # pragma: no cover - the strategy only makes out-of-range numbers
+            raise AssertionError(f"{text[:40]!r} parsed")
