@@ -1,0 +1,133 @@
+"""The webhook's Flask application: ``create_app(settings)``.
+
+Routes: ``POST /mutate`` (Pods), ``POST /validate`` (StatefulSets),
+``GET /healthz`` (the process answers) and ``GET /readyz`` (the serving
+certificate and key load). Every answer is JSON.
+
+HTTP status codes:
+
+* 200: an AdmissionReview answer, allowed or denied (a denial carries
+  ``response.status.code`` 400 or 403 and a message for the user);
+* 400, 413, 415: the request is not an AdmissionReview this webhook can answer;
+  the body says why and, when the request's uid could be read, is an
+  AdmissionReview echoing it;
+* 500: a bug in the webhook. The body is still an AdmissionReview echoing the
+  uid when known, with ``status.code`` 500; the apiserver treats the call as
+  failed and applies the configuration's ``failurePolicy``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from webhook.mutate import admit_pod
+from webhook.nodes import KubeNodeLookup, NodeLookup
+from webhook.review import API_VERSION, KIND, BadRequest, Request, Verdict, parse_request, review, uid_of
+from webhook.settings import Settings
+from webhook.validate import admit_statefulset
+
+log = logging.getLogger("webhook.app")
+
+Handler = Callable[[Request], Verdict]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), status=status, mimetype="application/json")
+
+
+def _error(code: int, message: str, uid: str | None = None) -> Response:
+    """An error answer: an AdmissionReview echoing ``uid`` when there is one, else a small JSON object."""
+    if uid:
+        return _json(review(uid, Verdict.deny(code, message)), code)
+    return _json({"code": code, "error": message}, code)
+
+
+def certs_loaded(settings: Settings) -> tuple[bool, str]:
+    """Whether the serving certificate and key load (the same files gunicorn serves with)."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        return False, f"cannot load {settings.tls_cert_file} / {settings.tls_key_file}: {exc}"
+    return True, "certificate and key loaded"
+
+
+def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Flask:
+    """Build the app. ``node_lookup`` defaults to the Kubernetes API (optional access)."""
+    app = Flask("webhook")
+    # Werkzeug enforces this while reading a body of unknown length, too (413).
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    nodes = node_lookup if node_lookup is not None else KubeNodeLookup(settings.kubeconfig)
+
+    def admit(handler: Handler) -> Response:
+        if request.mimetype != "application/json":
+            return _error(415, f"Content-Type must be application/json, got {request.mimetype or 'none'!r}")
+        length = request.content_length
+        if length is not None and length > settings.max_body_bytes:
+            limit = settings.max_body_bytes
+            return _error(413, f"body of {length} bytes exceeds WEBHOOK_MAX_BODY_BYTES={limit}")
+        try:
+            raw = request.get_data(cache=False)
+        except RequestEntityTooLarge:
+            return _error(413, f"body exceeds WEBHOOK_MAX_BODY_BYTES={settings.max_body_bytes}")
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return _error(400, f"malformed JSON: {str(exc)[:200]}")
+        uid = uid_of(body)
+        try:
+            req = parse_request(body)
+            verdict = handler(req)
+        except BadRequest as exc:
+            log.info("bad request: %s", exc.message, extra={"uid": exc.uid, "path": request.path})
+            return _error(exc.code, exc.message, exc.uid)
+        except Exception as exc:
+            log.exception("internal error answering %s", request.path, extra={"uid": uid})
+            return _error(500, f"internal error in the gpu-scheduler webhook: {type(exc).__name__}", uid)
+        return _json(review(req.uid, verdict))
+
+    @app.post("/mutate")
+    def mutate() -> Response:
+        return admit(lambda req: admit_pod(req, settings))
+
+    @app.post("/validate")
+    def validate() -> Response:
+        return admit(lambda req: admit_statefulset(req, settings, nodes))
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        log.debug("probe", extra={"path": "/healthz", "status": 200})
+        return _json({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        ok, why = certs_loaded(settings)
+        log.debug("probe", extra={"path": "/readyz", "status": 200 if ok else 503, "reason": why})
+        return _json({"status": "ready" if ok else "not ready", "reason": why}, 200 if ok else 503)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        return _error(code, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        log.exception("internal error on %s", request.path)
+        return _error(500, f"internal error in the gpu-scheduler webhook: {type(exc).__name__}")
+
+    log.debug(
+        "app created",
+        extra={
+            "api_version": API_VERSION,
+            "kind": KIND,
+            "injection_mode": settings.injection_mode,
+            "gpu_resource_policy": settings.gpu_resource_policy,
+        },
+    )
+    return app

@@ -1,0 +1,135 @@
+"""``POST /mutate``: give every container of a mapped pod the GPUs its map entry names.
+
+The pod's entry comes from :func:`gpu_scheduling.podinfo.entry_for` (the one map
+grammar); this module only turns it into a JSONPatch. The patch is computed
+from what the pod already holds, so a second call on a mutated pod yields no
+patch (safe with ``reinvocationPolicy: IfNeeded``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_scheduling.podinfo import entry_for, map_text
+from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
+from webhook.podspec import containers, gpu_requesters, gpu_resource_denial, gpu_resource_warning
+from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
+from webhook.settings import InjectionMode, Settings
+
+log = logging.getLogger("webhook.mutate")
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+
+def desired_env(entry: Entry, mode: InjectionMode) -> list[tuple[str, str]]:
+    """The variables (in the order they are added) that make a container see ``entry``'s GPUs.
+
+    ``cuda``: CUDA_VISIBLE_DEVICES lists the physical (nvidia-smi) indices.
+    ``nvidia``: NVIDIA_VISIBLE_DEVICES lists them for the NVIDIA container runtime,
+    which exposes only those GPUs, so CUDA sees them renumbered 0..n-1.
+    """
+    order = (CUDA_DEVICE_ORDER, "PCI_BUS_ID")
+    if mode == "nvidia":
+        renumbered = ",".join(str(i) for i in range(len(entry.gpus)))
+        return [(NVIDIA_VISIBLE_DEVICES, entry.devices), (CUDA_VISIBLE_DEVICES, renumbered), order]
+    return [(CUDA_VISIBLE_DEVICES, entry.devices), order]
+
+
+def env_patch(spec: dict[str, Any], desired: list[tuple[str, str]], uid: str) -> list[dict[str, Any]]:
+    """JSONPatch operations that make every (init) container's env hold ``desired``.
+
+    * no ``env``: add it, holding the variables;
+    * a variable present with another value, or set through ``valueFrom``: replace that
+      item in place (every occurrence, should the name be listed twice);
+    * a variable missing: insert it at the front, in ``desired`` order, so that other
+      variables can refer to it as ``$(CUDA_VISIBLE_DEVICES)``; the others keep their order.
+
+    Replacements address the original indices and come before the insertions.
+    """
+    ops: list[dict[str, Any]] = []
+    for list_name, index, container in containers(spec, "spec", uid):
+        base = f"/spec/{list_name}/{index}/env"
+        env = list_at(container, "env", f"spec.{list_name}[{index}].env", uid)
+        if env is None:
+            ops.append({"op": "add", "path": base, "value": [{"name": n, "value": v} for n, v in desired]})
+            continue
+        missing: list[tuple[str, str]] = []
+        for name, value in desired:
+            found = False
+            for pos, item in enumerate(env):
+                if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                    where = f"spec.{list_name}[{index}].env[{pos}]"
+                    raise BadRequest(f"{where} must be an object with a name", uid=uid)
+                if item["name"] != name:
+                    continue
+                found = True
+                plain = {"name": name, "value": value}
+                if item != plain:
+                    ops.append({"op": "replace", "path": f"{base}/{pos}", "value": plain})
+            if not found:
+                missing.append((name, value))
+        ops.extend(
+            {"op": "add", "path": f"{base}/{pos}", "value": {"name": n, "value": v}}
+            for pos, (n, v) in enumerate(missing)
+        )
+    return ops
+
+
+def admit_pod(req: Request, settings: Settings) -> Verdict:
+    """Decide on a Pod CREATE: patch, allow unchanged with a warning, or deny."""
+    if (req.group, req.version, req.kind) != ("", "v1", "Pod"):
+        raise BadRequest(f"/mutate admits v1 Pods, got {req.gvk}: check the webhook's rules", uid=req.uid)
+    obj = req.object or {}
+    metadata = dict_at(obj, "metadata", "metadata", req.uid)
+    labels = str_dict_at(metadata, "labels", "metadata.labels", req.uid)
+    annotations = str_dict_at(metadata, "annotations", "metadata.annotations", req.uid)
+    name = req.name or str(metadata.get("name") or "")
+    namespace = req.namespace or str(metadata.get("namespace") or "")
+    ctx = {"pod": f"{namespace}/{name or metadata.get('generateName') or '?'}", "uid": req.uid}
+
+    if req.operation != "CREATE" or req.sub_resource:
+        log.debug("not a pod CREATE, allowed unchanged", extra={**ctx, "operation": req.operation})
+        return Verdict(allowed=True)
+    if map_text({"annotations": annotations}) is None:
+        log.debug("no %s annotation, allowed unchanged", ANNOTATION, extra=ctx)
+        return Verdict(allowed=True)
+    spec = dict_at(obj, "spec", "spec", req.uid)
+
+    try:
+        ordinal, entry = entry_for({"name": name, "labels": labels, "annotations": annotations}, name=name)
+    except MapError as exc:
+        message = f"invalid {ANNOTATION} annotation: {exc}"
+        log.info("denied: malformed map", extra={**ctx, "error": str(exc)})
+        return Verdict.deny(400, message)
+
+    warnings: list[str] = []
+    requesters = gpu_requesters(spec, "spec", req.uid)
+    if requesters:
+        if settings.gpu_resource_policy == "deny":
+            log.info("denied: pod requests nvidia.com/gpu", extra={**ctx, "containers": requesters})
+            return Verdict.deny(403, gpu_resource_denial(requesters))
+        log.warning("pod requests nvidia.com/gpu next to a map", extra={**ctx, "containers": requesters})
+        warnings.append(gpu_resource_warning(requesters))
+
+    if ordinal is None:
+        warnings.append(
+            f"{ANNOTATION}: cannot tell pod {name or '(no name yet)'!r}'s ordinal (no "
+            "apps.kubernetes.io/pod-index label, no trailing -N in its name); no GPU variables set"
+        )
+        log.info("no ordinal, allowed unchanged", extra=ctx)
+        return Verdict(allowed=True, warnings=warnings)
+    if entry is None:
+        warnings.append(f"{ANNOTATION} has no entry for ordinal {ordinal}; no GPU variables set")
+        log.info("no map entry for ordinal, allowed unchanged", extra={**ctx, "ordinal": ordinal})
+        return Verdict(allowed=True, warnings=warnings)
+
+    desired = desired_env(entry, settings.injection_mode)
+    patch = env_patch(spec, desired, req.uid)
+    log.info(
+        "patched" if patch else "already carries its GPU variables, no patch",
+        extra={**ctx, "ordinal": ordinal, "entry": str(entry), "env": dict(desired), "ops": len(patch)},
+    )
+    return Verdict(allowed=True, patch=patch, warnings=warnings)

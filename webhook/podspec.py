@@ -1,0 +1,67 @@
+"""Reading a pod spec (a Pod's, or a StatefulSet's template) the way both handlers need it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from webhook.review import BadRequest, dict_at, list_at
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Init containers first: the order in which the kubelet runs them, and the order of the patch.
+CONTAINER_LISTS = ("initContainers", "containers")
+# Kubernetes truncates admission warnings longer than this.
+MAX_WARNING = 256
+
+
+def containers(spec: dict[str, Any], where: str, uid: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """``(list name, index, container)`` for every init container and container."""
+    for list_name in CONTAINER_LISTS:
+        items = list_at(spec, list_name, f"{where}.{list_name}", uid) or []
+        for index, container in enumerate(items):
+            if not isinstance(container, dict):
+                raise BadRequest(
+                    f"{where}.{list_name}[{index}] must be an object, got {type(container).__name__}", uid=uid
+                )
+            yield list_name, index, container
+
+
+def _nonzero(quantity: Any) -> bool:
+    # "0", "0.0", "" and the like request nothing; anything else ("1", "2", "500m") is a request.
+    return str(quantity).strip().strip("0.") != ""
+
+
+def gpu_requesters(spec: dict[str, Any], where: str, uid: str) -> list[str]:
+    """Names of the containers that request or limit ``nvidia.com/gpu`` (a non-zero amount)."""
+    names: list[str] = []
+    for list_name, index, container in containers(spec, where, uid):
+        resources = dict_at(container, "resources", f"{where}.{list_name}[{index}].resources", uid)
+        for part in ("requests", "limits"):
+            amounts = dict_at(resources, part, f"{where}.{list_name}[{index}].resources.{part}", uid)
+            if _nonzero(amounts.get(GPU_RESOURCE, 0)):
+                name = container.get("name")
+                names.append(name if isinstance(name, str) and name else f"{list_name}[{index}]")
+                break
+    return names
+
+
+def gpu_resource_warning(names: list[str]) -> str:
+    """One admission warning (<= 256 characters) about the device-plugin renumbering pitfall."""
+    shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
+    text = (
+        f"{GPU_RESOURCE} is requested by {shown}: the device plugin then picks the GPUs and they are "
+        "renumbered from 0 in the container, so the gpu-scheduling-map indices would point at the "
+        f"wrong GPU; drop the {GPU_RESOURCE} request"
+    )
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+
+
+def gpu_resource_denial(names: list[str]) -> str:
+    """The full explanation, for a denial (status messages are not truncated)."""
+    return (
+        f"{GPU_RESOURCE} is requested by {', '.join(repr(n) for n in names)} and the pod uses "
+        "gpu-scheduling-map: the NVIDIA device plugin would choose which GPUs the container gets and "
+        "they are renumbered from 0 inside it, so the map's indices would point at the wrong GPU. "
+        f"Remove the {GPU_RESOURCE} requests/limits (the map already reserves the GPUs), or ask the "
+        "operator to set WEBHOOK_GPU_RESOURCE_POLICY=warn"
+    )
