@@ -1,0 +1,201 @@
+{{/*
+Name of the chart, overridable with nameOverride.
+*/}}
+{{- define "gpu-scheduler.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified name: "<release>-<chart>", or the release name when it already
+contains the chart name. Truncated to 63 characters (DNS label).
+The webhook Service adds "-webhook", so keep releases under ~55 characters.
+*/}}
+{{- define "gpu-scheduler.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart label value: name-version.
+*/}}
+{{- define "gpu-scheduler.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: only name and instance, never anything that changes on upgrade.
+*/}}
+{{- define "gpu-scheduler.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-scheduler.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Common labels.
+*/}}
+{{- define "gpu-scheduler.labels" -}}
+helm.sh/chart: {{ include "gpu-scheduler.chart" . }}
+{{ include "gpu-scheduler.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
+ServiceAccount name.
+*/}}
+{{- define "gpu-scheduler.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-scheduler.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container image.
+*/}}
+{{- define "gpu-scheduler.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Leader-election Lease name.
+*/}}
+{{- define "gpu-scheduler.leaseName" -}}
+{{- default (include "gpu-scheduler.fullname" .) .Values.scheduler.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+Webhook names.
+*/}}
+{{- define "gpu-scheduler.webhookName" -}}
+{{- printf "%s-webhook" (include "gpu-scheduler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-scheduler.webhookServiceName" -}}
+{{- include "gpu-scheduler.webhookName" . }}
+{{- end }}
+
+{{- define "gpu-scheduler.webhookSecretName" -}}
+{{- default (printf "%s-tls" (include "gpu-scheduler.webhookName" .)) .Values.webhook.existingSecret }}
+{{- end }}
+
+{{/*
+True ("true") when the webhook runs in the cluster, behind the chart's Service:
+webhook.enabled and no webhook.url.
+*/}}
+{{- define "gpu-scheduler.webhookInCluster" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.url) }}true{{- end }}
+{{- end }}
+
+{{/*
+Name of the serving Certificate (cert-manager), used by inject-ca-from.
+*/}}
+{{- define "gpu-scheduler.servingCertName" -}}
+{{- printf "%s-serving" (include "gpu-scheduler.webhookName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Annotations of the webhook configurations: cert-manager's CA injector.
+*/}}
+{{- define "gpu-scheduler.webhookAnnotations" -}}
+{{- if and .Values.webhook.certManager.enabled (not .Values.webhook.url) }}
+cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "gpu-scheduler.servingCertName" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+clientConfig of a webhook; argument: dict "ctx" $ "path" "/mutate".
+*/}}
+{{- define "gpu-scheduler.clientConfig" -}}
+{{- $ := .ctx }}
+{{- if $.Values.webhook.url }}
+url: {{ printf "%s%s" (trimSuffix "/" $.Values.webhook.url) .path | quote }}
+{{- else }}
+service:
+  name: {{ include "gpu-scheduler.webhookServiceName" $ }}
+  namespace: {{ $.Release.Namespace }}
+  path: {{ .path | quote }}
+  port: 443
+{{- end }}
+{{- if not (and $.Values.webhook.certManager.enabled (not $.Values.webhook.url)) }}
+caBundle: {{ $.Values.webhook.caBundle | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+namespaceSelector of both webhooks: never the release namespace (the webhook must
+not gate its own pods) nor webhook.excludeNamespaces, ANDed with webhook.namespaceSelector.
+*/}}
+{{- define "gpu-scheduler.namespaceSelector" -}}
+{{- with .Values.webhook.namespaceSelector.matchLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- toYaml (uniq (prepend .Values.webhook.excludeNamespaces .Release.Namespace)) | nindent 6 }}
+  {{- with .Values.webhook.namespaceSelector.matchExpressions }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+
+{{/*
+Fail early on webhook settings that cannot work.
+*/}}
+{{- define "gpu-scheduler.validateValues" -}}
+{{- if .Values.webhook.enabled }}
+{{- if and .Values.webhook.url (not (hasPrefix "https://" .Values.webhook.url)) }}
+{{- fail "webhook.url must start with https:// (the apiserver only calls webhooks over TLS)" }}
+{{- end }}
+{{- if and (not .Values.webhook.caBundle) (or .Values.webhook.url (not .Values.webhook.certManager.enabled)) }}
+{{- fail "webhook.enabled needs webhook.caBundle (base64 PEM of the CA that signed the webhook certificate), or webhook.certManager.enabled=true" }}
+{{- end }}
+{{- if and (include "gpu-scheduler.webhookInCluster" .) (lt (int .Values.replicaCount) 1) }}
+{{- fail "webhook.enabled without webhook.url runs the webhook in the scheduler pod: replicaCount must be at least 1" }}
+{{- end }}
+{{- if or (and .Values.webhook.tls.crt (not .Values.webhook.tls.key)) (and .Values.webhook.tls.key (not .Values.webhook.tls.crt)) }}
+{{- fail "webhook.tls.crt and webhook.tls.key go together" }}
+{{- end }}
+{{- if and .Values.webhook.tls.crt .Values.webhook.certManager.enabled }}
+{{- fail "choose one certificate source: webhook.tls or webhook.certManager" }}
+{{- end }}
+{{- if and .Values.webhook.existingSecret (or .Values.webhook.tls.crt .Values.webhook.certManager.enabled) }}
+{{- fail "webhook.existingSecret excludes webhook.tls and webhook.certManager" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image of the helm test pods.
+*/}}
+{{- define "gpu-scheduler.testImage" -}}
+{{- $img := .Values.tests.image }}
+{{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- end }}
+
+{{/*
+Pod-level settings shared by the helm test pods.
+*/}}
+{{- define "gpu-scheduler.testPodSpec" -}}
+restartPolicy: Never
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end }}
