@@ -1,0 +1,113 @@
+{{/*
+Name of the chart, overridable with nameOverride.
+*/}}
+{{- define "gpu-scheduler-check.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified name: "<release>-<chart>", or the release name when it already
+contains the chart name. StatefulSet pod names add "-N" and the
+controller-revision-hash label adds a hash: keep it at most 52 characters.
+*/}}
+{{- define "gpu-scheduler-check.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart label value: name-version.
+*/}}
+{{- define "gpu-scheduler-check.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels: only name and instance.
+*/}}
+{{- define "gpu-scheduler-check.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-scheduler-check.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+The selector as a kubectl/API label selector string.
+*/}}
+{{- define "gpu-scheduler-check.selector" -}}
+{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s" (include "gpu-scheduler-check.name" .) .Release.Name }}
+{{- end }}
+
+{{/*
+Common labels.
+*/}}
+{{- define "gpu-scheduler-check.labels" -}}
+helm.sh/chart: {{ include "gpu-scheduler-check.chart" . }}
+{{ include "gpu-scheduler-check.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
+ServiceAccount name of the check pods.
+*/}}
+{{- define "gpu-scheduler-check.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-scheduler-check.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container image.
+*/}}
+{{- define "gpu-scheduler-check.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+Image of the helm test pod.
+*/}}
+{{- define "gpu-scheduler-check.testImage" -}}
+{{- $img := .Values.tests.image }}
+{{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- end }}
+
+{{/*
+The gpu-scheduling-map annotation: one "podIndex=nodeName:gpuDevices" line per entry,
+ordered by podIndex. Fails when a replica has no entry or an index is given twice.
+*/}}
+{{- define "gpu-scheduler-check.schedulingMap" -}}
+{{- $byIndex := dict }}
+{{- range .Values.gpuScheduling.schedulingMap }}
+{{- $key := printf "%d" (int .podIndex) }}
+{{- if hasKey $byIndex $key }}
+{{- fail (printf "gpuScheduling.schedulingMap: podIndex %s is given twice" $key) }}
+{{- end }}
+{{- $gpus := regexReplaceAll "\\s+" (toString .gpuDevices) "" }}
+{{- $_ := set $byIndex $key (printf "%d=%s:%s" (int .podIndex) .nodeName $gpus) }}
+{{- end }}
+{{- range $i := until (int .Values.replicaCount) }}
+{{- if not (hasKey $byIndex (printf "%d" $i)) }}
+{{- fail (printf "replicaCount is %d but gpuScheduling.schedulingMap has no entry for podIndex %d" (int $.Values.replicaCount) $i) }}
+{{- end }}
+{{- end }}
+{{- $max := -1 }}
+{{- range .Values.gpuScheduling.schedulingMap }}
+{{- if gt (int .podIndex) $max }}{{ $max = int .podIndex }}{{ end }}
+{{- end }}
+{{- $lines := list }}
+{{- range $i := until (add1 $max | int) }}
+{{- with get $byIndex (printf "%d" $i) }}{{ $lines = append $lines . }}{{ end }}
+{{- end }}
+{{- join "\n" $lines }}
+{{- end }}
