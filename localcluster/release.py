@@ -1,0 +1,119 @@
+"""Install the project's Helm charts into the local control plane.
+
+The scheduler and the webhook run as host processes in the tests and the demo, so
+a typical install of ``gpu-scheduler-chart`` there is::
+
+    install_chart(cluster, "gpu-scheduler", "gpu-scheduler-system", {
+        "replicaCount": 0,                       # no in-cluster scheduler pod
+        "webhook": {"enabled": True,
+                    "url": "https://127.0.0.1:PORT",   # the host-process webhook
+                    "caBundle": "<base64 PEM CA>"},
+    })
+
+which renders the ServiceAccount, the RBAC and the two webhook configurations
+(``webhook_host_values`` builds that dictionary).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEDULER_CHART = "gpu-scheduler-chart"
+CHECK_CHART = "gpu-scheduler-check-chart"
+
+
+class _Helm(Protocol):
+    def helm(self, *args: str, check: bool = True) -> Any: ...
+
+
+def chart_path(chart: str | Path) -> Path:
+    """A chart folder: a name relative to the repository root, or a path."""
+    path = Path(chart)
+    if not path.is_absolute():
+        path = REPO / path
+    if not (path / "Chart.yaml").is_file():
+        raise FileNotFoundError(f"no Helm chart at {path}")
+    return path
+
+
+def install_chart(
+    cluster: _Helm,
+    release: str,
+    namespace: str,
+    values: Mapping[str, Any] | None = None,
+    chart: str | Path = SCHEDULER_CHART,
+    *,
+    wait: bool = False,
+    timeout: str = "120s",
+    create_namespace: bool = True,
+) -> None:
+    """``helm upgrade --install`` ``chart`` as ``release`` in ``namespace`` with ``values``.
+
+    The values go through a file (never ``--set``), so nested dictionaries, lists and
+    multi-line strings (PEM, maps) arrive unchanged. With ``wait`` helm waits for the
+    workloads to be ready (up to ``timeout``). Raises ``subprocess.CalledProcessError``
+    with helm's stderr when helm fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="gpu-scheduler-values-") as tmp:
+        values_file = Path(tmp) / "values.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values or {}), sort_keys=False))
+        args = [
+            "upgrade",
+            "--install",
+            release,
+            str(chart_path(chart)),
+            "--namespace",
+            namespace,
+            "--values",
+            str(values_file),
+        ]
+        if create_namespace:
+            args.append("--create-namespace")
+        if wait:
+            args += ["--wait", "--timeout", timeout]
+        cluster.helm(*args)
+
+
+def uninstall(cluster: _Helm, release: str, namespace: str, wait: bool = False) -> None:
+    """``helm uninstall``; a release that is not installed is not an error."""
+    args = ["uninstall", release, "--namespace", namespace, "--ignore-not-found"]
+    if wait:
+        args.append("--wait")
+    cluster.helm(*args)
+
+
+def release_status(cluster: _Helm, release: str, namespace: str) -> dict[str, Any] | None:
+    """``helm status -o json`` as a dictionary, or None when the release does not exist."""
+    res = cluster.helm("status", release, "--namespace", namespace, "-o", "json", check=False)
+    if res.returncode != 0:
+        return None
+    data: dict[str, Any] = json.loads(res.stdout)
+    return data
+
+
+def webhook_host_values(url: str, ca_bundle: str, **webhook: Any) -> dict[str, Any]:
+    """Values for a webhook running outside the cluster at ``url`` (https) whose serving
+    certificate is signed by the CA in ``ca_bundle`` (base64 PEM); no scheduler pod.
+    Extra keyword arguments go under ``webhook`` (e.g. ``failurePolicy="Fail"``)."""
+    return {
+        "replicaCount": 0,
+        "webhook": {"enabled": True, "url": url, "caBundle": ca_bundle, **webhook},
+    }
+
+
+__all__ = [
+    "CHECK_CHART",
+    "SCHEDULER_CHART",
+    "chart_path",
+    "install_chart",
+    "release_status",
+    "uninstall",
+    "webhook_host_values",
+]
