@@ -134,11 +134,22 @@ go_install() { # dir module@version ldflags
 }
 
 build_kwok() {
-  [ -f "$kwok_dir/.done" ] && return
+  [ -f "$kwok_dir/.done" ] && [ -d "$kwok_dir/stages" ] && return
   check_go
   log "building kwok $KWOK_VERSION"
   go_install "$kwok_dir" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+  # kwok's own stage definitions (what makes nodes Ready and pods Running), taken
+  # from the same pinned module: node-initialize, node heartbeat with lease, pod fast.
+  local mod
+  mod=$(cd "$(mktemp -d)" && GOFLAGS= go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$kwok_dir/stages"; mkdir -p "$kwok_dir/stages"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    cp "$mod/kustomize/stage/$f" "$kwok_dir/stages/"
+  done
+  chmod -R u+w "$kwok_dir/stages"
   touch "$kwok_dir/.done"
 }
 

@@ -1,0 +1,512 @@
+"""A real Kubernetes control plane as plain host processes ("cluster in a box").
+
+etcd, kube-apiserver (RBAC, service-account issuer, its own serving cert),
+kube-controller-manager (StatefulSets, ServiceAccount tokens), kube-scheduler
+(every pod that is not ours) and kwok (plays the kubelets: fake nodes become
+Ready, bound pods become Running). Everything listens on free loopback ports
+and lives in one work directory. ``stop()`` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster.pki import LocalPKI
+from localcluster.procs import ManagedProcess, ProcessFailed, pid_alive
+
+REPO = Path(__file__).resolve().parent.parent
+VERSIONS_FILE = REPO / "tools" / "versions.env"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTROL_PLANE_NODE = "control-plane"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+def versions() -> dict[str, str]:
+    """The pinned upstream versions (tools/versions.env)."""
+    out: dict[str, str] = {}
+    for raw in VERSIONS_FILE.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def bin_dirs() -> list[Path]:
+    """The cache folders tools/provision.sh builds into (same layout, same keys)."""
+    res = subprocess.run(
+        [str(REPO / "tools" / "provision.sh"), "--print-bin-dirs"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [Path(p) for p in res.stdout.split()]
+
+
+def tool(name: str) -> Path:
+    for d in bin_dirs():
+        if (d / name).is_file() and (d.parent / ".done").exists():
+            return d / name
+    raise FileNotFoundError(f"{name} is not built yet: run `make tools` (tools/provision.sh)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubeconfig_yaml(
+    server: str,
+    ca_file: Path,
+    user: str,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> str:
+    creds: dict[str, Any] = {}
+    if cert and key:
+        creds = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        creds = {"token": token}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+        "current-context": user,
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def gpu_node_manifest(
+    name: str,
+    gpus: int | None = 4,
+    labels: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] | None = None,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    """A Node that kwok manages, reporting ``gpus`` nvidia.com/gpu (None: no GPU resource)."""
+    resources: dict[str, str] = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    if gpus is not None:
+        resources[GPU_RESOURCE] = str(gpus)
+    node_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    if gpus:
+        node_labels["nvidia.com/gpu.present"] = "true"
+    node_labels.update(labels or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": node_labels,
+            "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"taints": list(taints or []), "unschedulable": unschedulable},
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+@dataclass
+class Cluster:
+    """A running local control plane. Build one with :meth:`start`."""
+
+    workdir: Path
+    server: str
+    ca_file: Path
+    kubeconfig: Path
+    procs: dict[str, ManagedProcess] = field(default_factory=dict)
+    detached: bool = False
+
+    # ---------------------------------------------------------------- start/stop
+    @classmethod
+    def start(
+        cls,
+        workdir: Path,
+        gpu_nodes: int = 3,
+        gpus_per_node: int = 4,
+        detach: bool = False,
+        timeout: float = 120,
+    ) -> Cluster:
+        """Start every component; on any failure stop what was started and raise."""
+        workdir = Path(workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        pki = LocalPKI(workdir / "pki")
+        api_port = free_port()
+        server = f"https://127.0.0.1:{api_port}"
+        admin_crt, admin_key = pki.issue("admin", "kubernetes-admin", org="system:masters")
+        kubeconfig = workdir / "admin.kubeconfig"
+        kubeconfig.write_text(kubeconfig_yaml(server, pki.ca_file, "admin", admin_crt, admin_key))
+        cluster = cls(workdir, server, pki.ca_file, kubeconfig, detached=detach)
+        try:
+            cluster._start_components(pki, api_port, timeout)
+            cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster._write_state()
+        return cluster
+
+    def _spawn(self, name: str, argv: Sequence[str | os.PathLike[str]]) -> ManagedProcess:
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        proc = ManagedProcess(name, argv, env=env, log_path=self.workdir / "logs" / f"{name}.log").start()
+        if self.detached:
+            # `make cluster-up`: outlive this interpreter; `down` stops them from the state file.
+            proc.detach()
+        self.procs[name] = proc
+        return proc
+
+    def _component_kubeconfig(self, pki: LocalPKI, name: str, cn: str, org: str | None = None) -> Path:
+        crt, key = pki.issue(name, cn, org=org)
+        path = self.workdir / f"{name}.kubeconfig"
+        path.write_text(kubeconfig_yaml(self.server, self.ca_file, name, crt, key))
+        return path
+
+    def _start_components(self, pki: LocalPKI, api_port: int, timeout: float) -> None:
+        etcd_client, etcd_peer = free_port(), free_port()
+        self._spawn(
+            "etcd",
+            [
+                tool("etcd"),
+                "--name=local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
+                "--listen-metrics-urls=",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        ).wait_http(f"http://127.0.0.1:{etcd_client}/health", timeout=timeout)
+
+        serving_crt, serving_key = pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ips=("127.0.0.1", "10.96.0.1"),
+            server=True,
+        )
+        sa_key, sa_pub = pki.service_account_keys()
+        api = self._spawn(
+            "kube-apiserver",
+            [
+                tool("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--tls-cert-file={serving_crt}",
+                f"--tls-private-key-file={serving_key}",
+                "--tls-min-version=VersionTLS12",
+                f"--client-ca-file={pki.ca_file}",
+                "--authorization-mode=RBAC",
+                "--anonymous-auth=false",
+                f"--service-account-key-file={sa_pub}",
+                f"--service-account-signing-key-file={sa_key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={self.workdir / 'pki'}",
+                "--v=1",
+            ],
+        )
+        admin_crt, admin_key = self.workdir / "pki" / "admin.crt", self.workdir / "pki" / "admin.key"
+        self._wait_apiserver(api, admin_crt, admin_key, timeout)
+
+        kcm_cfg = self._component_kubeconfig(pki, "kube-controller-manager", "system:kube-controller-manager")
+        self._spawn(
+            "kube-controller-manager",
+            [
+                tool("kube-controller-manager"),
+                f"--kubeconfig={kcm_cfg}",
+                f"--authentication-kubeconfig={kcm_cfg}",
+                f"--authorization-kubeconfig={kcm_cfg}",
+                f"--service-account-private-key-file={sa_key}",
+                f"--root-ca-file={pki.ca_file}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                # No cloud, no IPAM, no real kubelets: keep to the controllers a workload needs.
+                "--controllers=*,-node-ipam-controller",
+                "--concurrent-statefulset-syncs=10",
+                "--v=1",
+            ],
+        )
+        sched_cfg = self._component_kubeconfig(pki, "kube-scheduler", "system:kube-scheduler")
+        self._spawn(
+            "kube-scheduler",
+            [
+                tool("kube-scheduler"),
+                f"--kubeconfig={sched_cfg}",
+                f"--authentication-kubeconfig={sched_cfg}",
+                f"--authorization-kubeconfig={sched_cfg}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--v=1",
+            ],
+        )
+        kwok_cfg = self._component_kubeconfig(pki, "kwok", "kwok", org="system:masters")
+        # An explicit configuration (so a user's ~/.kwok/kwok.yaml is never picked up) holding
+        # kwok's own stages from the pinned module: nodes become Ready, bound pods Running.
+        kwok_conf = self.workdir / "kwok.yaml"
+        stages = sorted((tool("kwok").parent.parent / "stages").glob("*.yaml"))
+        if not stages:
+            raise FileNotFoundError("kwok stages are missing from the tool cache: run `make tools`")
+        docs = [
+            "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions:\n"
+            "  nodeLeaseParallelism: 4\n  nodePlayStageParallelism: 4\n"
+            "  podPlayStageParallelism: 8\n  podsOnNodeSyncParallelism: 2\n"
+        ]
+        docs += [s.read_text() for s in stages]
+        kwok_conf.write_text("\n---\n".join(docs))
+        self._spawn(
+            "kwok",
+            [
+                tool("kwok"),
+                f"--kubeconfig={kwok_cfg}",
+                f"--config={kwok_conf}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{free_port()}",
+            ],
+        )
+        # kube-controller-manager creates the default ServiceAccount in every namespace;
+        # pods are refused until it exists, so wait for the first one.
+        self._wait(
+            lambda: self._ok("get", "serviceaccount", "default", "-n", "default"), timeout, "default SA"
+        )
+
+    def _wait_apiserver(self, api: ManagedProcess, crt: Path, key: Path, timeout: float) -> None:
+        import ssl
+        import urllib.request
+
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(str(crt), str(key))
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if not api.running():
+                raise api.fail("exited during start-up")
+            try:
+                with urllib.request.urlopen(f"{self.server}/readyz", timeout=3, context=ctx) as r:  # noqa: S310
+                    if r.status == 200:
+                        return
+            except OSError as e:
+                last = str(e)
+            time.sleep(0.3)
+        raise api.fail(f"/readyz did not answer 200 within {timeout:.0f}s ({last})")
+
+    def _create_nodes(self, gpu_nodes: int, gpus_per_node: int, timeout: float) -> None:
+        self.add_node(
+            CONTROL_PLANE_NODE,
+            gpus=None,
+            labels={
+                "node-role.kubernetes.io/control-plane": "",
+                "node.kubernetes.io/exclude-from-external-load-balancers": "",
+            },
+            taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+            wait=False,
+        )
+        names = [f"node{i}" for i in range(1, gpu_nodes + 1)]
+        for name in names:
+            self.add_gpu_node(name, gpus=gpus_per_node, wait=False)
+        for name in [CONTROL_PLANE_NODE, *names]:
+            self.wait_node_ready(name, timeout)
+
+    def stop(self) -> None:
+        """Stop every component, newest first; leave no process behind."""
+        for name in reversed(list(self.procs)):
+            self.procs[name].stop(timeout=10)
+        self.procs.clear()
+        with contextlib.suppress(FileNotFoundError):
+            (self.workdir / "state.json").unlink()
+
+    def pids(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items()}
+
+    def _write_state(self) -> None:
+        state = {"server": self.server, "kubeconfig": str(self.kubeconfig), "pids": self.pids()}
+        (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
+
+    @staticmethod
+    def stop_from_state(workdir: Path, timeout: float = 10) -> list[str]:
+        """Stop a detached cluster (``make cluster-down``); returns what was stopped."""
+        import signal
+
+        state_file = Path(workdir) / "state.json"
+        if not state_file.exists():
+            return []
+        state = json.loads(state_file.read_text())
+        stopped = []
+        for name, pid in reversed(list(state["pids"].items())):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            stopped.append(name)
+        state_file.unlink()
+        return stopped
+
+    # ---------------------------------------------------------------- clients
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(tool("kubectl")), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            input=input,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and res.returncode != 0:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+        return res
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env.setdefault("HELM_CACHE_HOME", str(self.workdir / "helm" / "cache"))
+        env.setdefault("HELM_CONFIG_HOME", str(self.workdir / "helm" / "config"))
+        env.setdefault("HELM_DATA_HOME", str(self.workdir / "helm" / "data"))
+        res = subprocess.run(
+            [str(tool("helm")), *args], check=False, capture_output=True, text=True, env=env, timeout=300
+        )
+        if check and res.returncode != 0:
+            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+        return res
+
+    def apply(self, manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]] | str) -> str:
+        text = manifest if isinstance(manifest, str) else _dump(manifest)
+        return self.kubectl("apply", "-f", "-", input=text).stdout
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def _ok(self, *args: str) -> bool:
+        return self.kubectl(*args, check=False).returncode == 0
+
+    def _wait(self, cond: Any, timeout: float, what: str, interval: float = 0.2) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self.procs.values():
+                if not proc.running():
+                    raise proc.fail(f"exited while waiting for {what}")
+            if cond():
+                return
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # ---------------------------------------------------------------- nodes
+    def add_node(
+        self,
+        name: str,
+        gpus: int | None = 4,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] | None = None,
+        unschedulable: bool = False,
+        wait: bool = True,
+        timeout: float = 60,
+    ) -> None:
+        self.apply(gpu_node_manifest(name, gpus, labels, taints, unschedulable))
+        if wait:
+            self.wait_node_ready(name, timeout)
+
+    def add_gpu_node(
+        self,
+        name: str,
+        gpus: int = 4,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] | None = None,
+        unschedulable: bool = False,
+        wait: bool = True,
+    ) -> None:
+        self.add_node(name, gpus, labels, taints, unschedulable, wait)
+
+    def delete_node(self, name: str) -> None:
+        self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
+
+    def wait_node_ready(self, name: str, timeout: float = 60) -> None:
+        def ready() -> bool:
+            res = self.kubectl(
+                "get",
+                "node",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                check=False,
+            )
+            return res.returncode == 0 and res.stdout.strip() == "True"
+
+        self._wait(ready, timeout, f"node {name} Ready")
+
+    # ---------------------------------------------------------------- identities
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, path: Path | None = None, duration: str = "2h"
+    ) -> Path:
+        """A kubeconfig holding a token from the TokenRequest API for ``namespace/name``."""
+        token = self.kubectl(
+            "create", "token", name, "-n", namespace, f"--duration={duration}"
+        ).stdout.strip()
+        path = path or self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        path.write_text(kubeconfig_yaml(self.server, self.ca_file, f"{namespace}-{name}", token=token))
+        path.chmod(0o600)
+        return path
+
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca_file.read_bytes()).decode()
+
+
+def _dump(manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> str:
+    docs = [manifest] if isinstance(manifest, Mapping) else list(manifest)
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def status_line(cluster: Cluster) -> str:
+    return f"export KUBECONFIG={cluster.kubeconfig}"
+
+
+__all__ = [
+    "GPU_RESOURCE",
+    "Cluster",
+    "ProcessFailed",
+    "bin_dirs",
+    "free_port",
+    "gpu_node_manifest",
+    "kubeconfig_yaml",
+    "tool",
+    "versions",
+]

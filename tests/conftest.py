@@ -1,0 +1,80 @@
+"""Shared fixtures: one local control plane per test session, a namespace per test.
+
+Tests that touch the control plane use the ``cluster`` (or ``namespace``/``kube``)
+fixture and are marked ``cluster`` automatically, so ``pytest -m 'not cluster'``
+runs the fast suite alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import Cluster
+
+# Fixture modules of the components (tests/integration/fixtures_*.py), registered here.
+pytest_plugins = sorted(
+    f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
+)
+
+CLUSTER_FIXTURES = {"cluster", "namespace", "kube"}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A SIGTERM (CI timeout, `kill`) unwinds like Ctrl-C, so fixture finalizers stop
+    # the control plane instead of leaving it running.
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running control plane: etcd, kube-apiserver, KCM, kube-scheduler, kwok; node1..node3 with 4 GPUs."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    c = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl(
+        "wait",
+        "--for=jsonpath={.metadata.name}=default",
+        "serviceaccount/default",
+        "-n",
+        name,
+        "--timeout=60s",
+    )
+    try:
+        yield name
+    finally:
+        if os.environ.get("KEEP_NAMESPACES") != "1":
+            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Any:
+    """An admin ``kubernetes.client.ApiClient`` for the control plane."""
+    client = cluster.api_client()
+    yield client
+    client.close()
