@@ -163,12 +163,24 @@ build_helm() {
   touch "$helm_dir/.done"
 }
 
+# Like go_install, through a throw-away wrapper module that requires the exact
+# version: `go install m@v` also asks the proxy for m's version list (deprecation
+# notices), which some proxies refuse.
+go_build_pinned() { # dir module version package ldflags
+  local src="$CACHE/src/$(basename "$1")"
+  rm -rf "$src"; mkdir -p "$src" "$1/bin"
+  printf 'module gpu-scheduler.local/build\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$2" "$3" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w ${5:-}" -o "$1/bin/" "$4")
+}
+
 build_ct() {
   [ -f "$ct_dir/.done" ] && return
   check_go
   log "building ct $CT_VERSION"
-  go_install "$ct_dir" "github.com/helm/chart-testing/v3/ct@$CT_VERSION" \
-    "-X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION"
+  go_build_pinned "$ct_dir" github.com/helm/chart-testing/v3 "$CT_VERSION" \
+    github.com/helm/chart-testing/v3/ct "-X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION"
+  "$ct_dir/bin/ct" version >&2
   touch "$ct_dir/.done"
 }
 
