@@ -49,6 +49,30 @@ def _error(code: int, message: str, uid: str | None = None) -> Response:
     return _json({"code": code, "error": message}, code)
 
 
+def _read_body(limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes; RequestEntityTooLarge beyond.
+
+    A body of unknown length (chunked) is read to its end here, because werkzeug's
+    own limit silently truncates it at the limit instead of refusing it.
+    """
+    length = request.content_length
+    if length is not None:
+        if length > limit:
+            raise RequestEntityTooLarge(f"body of {length} bytes")
+        return request.get_data(cache=False)
+    if not request.environ.get("wsgi.input_terminated"):
+        return b""  # the server cannot tell where the body ends: nothing is safe to read
+    stream = request.environ["wsgi.input"]
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := stream.read(64 * 1024):
+        total += len(chunk)
+        if total > limit:
+            raise RequestEntityTooLarge(f"chunked body of more than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def certs_loaded(settings: Settings) -> tuple[bool, str]:
     """Whether the serving certificate and key load (the same files gunicorn serves with)."""
     try:
@@ -68,14 +92,12 @@ def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Fla
     def admit(handler: Handler) -> Response:
         if request.mimetype != "application/json":
             return _error(415, f"Content-Type must be application/json, got {request.mimetype or 'none'!r}")
-        length = request.content_length
-        if length is not None and length > settings.max_body_bytes:
-            limit = settings.max_body_bytes
-            return _error(413, f"body of {length} bytes exceeds WEBHOOK_MAX_BODY_BYTES={limit}")
         try:
-            raw = request.get_data(cache=False)
-        except RequestEntityTooLarge:
-            return _error(413, f"body exceeds WEBHOOK_MAX_BODY_BYTES={settings.max_body_bytes}")
+            raw = _read_body(settings.max_body_bytes)
+        except RequestEntityTooLarge as exc:
+            return _error(
+                413, f"{exc.description}: larger than WEBHOOK_MAX_BODY_BYTES={settings.max_body_bytes}"
+            )
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

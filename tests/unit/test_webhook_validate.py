@@ -1,0 +1,285 @@
+"""POST /validate through the Flask test client.
+
+Node look-ups go through the ``NodeLookup`` seam: a table of nodes here, the real
+kubernetes client in tests/integration/test_webhook_cluster.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from webhook.app import create_app
+from webhook.nodes import KubeNodeLookup, NodeInfo, NodeLookupUnavailable, gpus_of
+from webhook.settings import Settings
+
+MAP = "0=node1:0,1\n1=node2:2\n"
+
+
+class Nodes:
+    """The NodeLookup seam, answering from a table; counts the look-ups."""
+
+    def __init__(self, gpus: dict[str, int | None] | None = None, unavailable: str | None = None):
+        self.gpus = gpus if gpus is not None else {"node1": 4, "node2": 4}
+        self.unavailable = unavailable
+        self.asked: list[str] = []
+
+    def get(self, name: str) -> NodeInfo | None:
+        self.asked.append(name)
+        if self.unavailable:
+            raise NodeLookupUnavailable(self.unavailable)
+        return NodeInfo(name, self.gpus[name]) if name in self.gpus else None
+
+
+def statefulset(
+    annotation: str | None = MAP,
+    replicas: int | None = 2,
+    scheduler: str | None = "gpu-scheduler",
+    containers: list[dict[str, Any]] | None = None,
+    start: int | None = None,
+) -> dict[str, Any]:
+    template_meta: dict[str, Any] = {"labels": {"app": "w"}}
+    if annotation is not None:
+        template_meta["annotations"] = {"gpu-scheduling-map": annotation}
+    pod_spec: dict[str, Any] = {"containers": containers or [{"name": "main", "image": "busybox"}]}
+    if scheduler is not None:
+        pod_spec["schedulerName"] = scheduler
+    spec: dict[str, Any] = {
+        "serviceName": "w",
+        "selector": {"matchLabels": {"app": "w"}},
+        "template": {"metadata": template_meta, "spec": pod_spec},
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    if start is not None:
+        spec["ordinals"] = {"start": start}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "w", "namespace": "team"},
+        "spec": spec,
+    }
+
+
+def review(obj: dict[str, Any] | None, operation: str = "CREATE", uid: str = "uid-v") -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "apps", "version": "v1", "kind": "StatefulSet"},
+            "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"},
+            "operation": operation,
+            "name": "w",
+            "namespace": "team",
+            "object": obj,
+        },
+    }
+
+
+def validate(
+    obj: dict[str, Any] | None, nodes: Any = None, operation: str = "CREATE", **settings: Any
+) -> dict:
+    app = create_app(Settings(**settings), node_lookup=nodes if nodes is not None else Nodes())
+    resp = app.test_client().post("/validate", json=review(obj, operation))
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    response = resp.get_json()["response"]
+    assert response["uid"] == "uid-v"
+    assert "patch" not in response
+    return response
+
+
+def test_good_statefulset_is_allowed_without_warnings() -> None:
+    nodes = Nodes()
+    response = validate(statefulset(), nodes)
+    assert response["allowed"] is True
+    assert "warnings" not in response
+    assert sorted(nodes.asked) == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_malformed_map_is_denied_with_line_numbers(operation: str) -> None:
+    response = validate(statefulset("0=node1:0\n\n0=node2:1\n1=Node_2:x\n"), operation=operation)
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 400
+    message = response["status"]["message"]
+    assert "spec.template.metadata.annotations" in message
+    assert "line 3: ordinal 0 is already mapped on line 1" in message
+    assert "line 4:" in message and "'Node_2'" in message
+
+
+def test_replicas_without_an_entry_are_warned_about() -> None:
+    response = validate(statefulset(replicas=4))
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "gpu-scheduling-map has no entry for ordinal 2, 3 (2 of 4 replicas): those pods get no GPU variables from the map"
+    ]
+
+
+def test_replicas_default_to_one() -> None:
+    response = validate(statefulset("1=node2:2\n", replicas=None))
+    assert "no entry for ordinal 0 (1 of 1 replicas)" in response["warnings"][0]
+
+
+def test_ordinals_start_is_honoured() -> None:
+    assert "warnings" not in validate(statefulset("5=node1:0\n6=node2:0\n", replicas=2, start=5))
+    response = validate(statefulset("5=node1:0\n", replicas=2, start=5))
+    assert "ordinal 6 (1 of 2" in response["warnings"][0]
+
+
+def test_huge_replica_count_lists_a_few_missing_ordinals() -> None:
+    response = validate(statefulset(replicas=2_000_000_000))
+    assert (
+        "ordinal 2, 3, 4, 5, 6 and 1999999993 more (1999999998 of 2000000000 replicas)"
+        in response["warnings"][0]
+    )
+
+
+def test_unknown_node_is_warned_about() -> None:
+    response = validate(statefulset("0=node1:0\n1=ghost:1\n2=ghost:2\n", replicas=3))
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "gpu-scheduling-map: node 'ghost' (ordinals 1, 2, line 2, 3) does not exist; "
+        "those replicas stay Pending until it does"
+    ]
+
+
+def test_gpu_index_beyond_allocatable_is_warned_about() -> None:
+    nodes = Nodes({"node1": 4, "node2": 2, "cpu-only": None})
+    response = validate(statefulset("0=node1:3\n1=node2:1,2,5\n2=cpu-only:0\n", replicas=3), nodes)
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "gpu-scheduling-map line 3: ordinal 2 wants GPU 0 but node 'cpu-only' advertises no allocatable nvidia.com/gpu",
+        "gpu-scheduling-map line 2: ordinal 1 wants GPU 2,5 but node 'node2' has 2 allocatable nvidia.com/gpu "
+        "(indices 0..1)",
+    ]
+
+
+def test_no_api_access_skips_node_checks_and_says_so_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="webhook")
+    nodes = Nodes(unavailable="no Kubernetes API access (test)")
+    response = validate(statefulset("0=ghost:0\n", replicas=1), nodes)
+    assert response["allowed"] is True
+    assert "warnings" not in response
+    assert nodes.asked == ["ghost"]  # stopped after the first refusal
+    skipped = [r for r in caplog.records if "node checks skipped" in r.getMessage()]
+    assert skipped and skipped[0].levelno == logging.DEBUG
+    assert getattr(skipped[0], "statefulset", None) == "team/w"
+
+
+def test_kube_lookup_without_any_config_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    lookup = KubeNodeLookup(kubeconfig=None)
+    with pytest.raises(NodeLookupUnavailable, match="neither KUBECONFIG nor an in-cluster"):
+        lookup.get("node1")
+    # and /validate still answers, without node warnings
+    response = validate(statefulset("0=ghost:0\n", replicas=1), lookup)
+    assert response["allowed"] is True and "warnings" not in response
+
+
+def test_kube_lookup_with_an_unreachable_api_is_unavailable(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    lookup = KubeNodeLookup(kubeconfig=str(kubeconfig))
+    with pytest.raises(NodeLookupUnavailable, match="reading node 'node1'"):
+        lookup.get("node1")
+    response = validate(statefulset("0=ghost:0\n", replicas=1), lookup)
+    assert response["allowed"] is True and "warnings" not in response
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "gpus"), [({"nvidia.com/gpu": "8"}, 8), ({"cpu": "4"}, None), (None, None)]
+)
+def test_gpus_of_reads_allocatable(allocatable: dict[str, str] | None, gpus: int | None) -> None:
+    assert gpus_of(allocatable) == gpus
+
+
+def test_gpu_resource_in_the_template_warns_or_denies() -> None:
+    containers = [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    warned = validate(statefulset(containers=containers))
+    assert warned["allowed"] is True
+    assert any("renumbered from 0" in w for w in warned["warnings"])
+    denied = validate(statefulset(containers=containers), gpu_resource_policy="deny")
+    assert denied["allowed"] is False
+    assert denied["status"]["code"] == 403
+
+
+def test_default_scheduler_is_warned_about() -> None:
+    response = validate(statefulset(scheduler=None))
+    assert response["warnings"] == [
+        "spec.template.spec.schedulerName is not set: the default scheduler will place these pods and ignore "
+        "gpu-scheduling-map; set it to the GPU scheduler's name (gpu-scheduler)"
+    ]
+
+
+def test_map_on_the_statefulset_itself_is_warned_about() -> None:
+    obj = statefulset(annotation=None)
+    obj["metadata"]["annotations"] = {"gpu-scheduling-map": MAP}
+    response = validate(obj)
+    assert response["allowed"] is True
+    assert "spec.template.metadata.annotations" in response["warnings"][0]
+
+
+def test_statefulset_without_a_map_is_allowed_silently() -> None:
+    nodes = Nodes()
+    response = validate(statefulset(annotation=None, scheduler=None), nodes)
+    assert response["allowed"] is True and "warnings" not in response
+    assert nodes.asked == []
+
+
+def test_delete_is_allowed() -> None:
+    assert validate(None, operation="DELETE")["allowed"] is True
+
+
+def test_warnings_are_capped() -> None:
+    text = "".join(f"{i}=ghost-{i}:0\n" for i in range(40))
+    response = validate(statefulset(text, replicas=40))
+    assert len(response["warnings"]) == 12
+    assert response["warnings"][-1].startswith("... and ")
+    assert all(len(w) <= 256 for w in response["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("replicas", "3", "spec.replicas must be a non-negative integer"),
+        ("replicas", True, "spec.replicas must be a non-negative integer"),
+        ("ordinals", {"start": -1}, "spec.ordinals.start must be a non-negative integer"),
+        ("template", [], "spec.template must be an object"),
+    ],
+)
+def test_wrong_shapes_are_400_not_500(field: str, value: Any, message: str) -> None:
+    obj = statefulset()
+    obj["spec"][field] = value
+    app = create_app(Settings(), node_lookup=Nodes())
+    resp = app.test_client().post("/validate", json=review(obj))
+    assert resp.status_code == 400
+    body = resp.get_json()
+    assert body["response"]["uid"] == "uid-v"
+    assert message in body["response"]["status"]["message"]
+
+
+def test_pod_sent_to_validate_is_400() -> None:
+    body = review(statefulset())
+    body["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    resp = create_app(Settings(), node_lookup=Nodes()).test_client().post("/validate", json=body)
+    assert resp.status_code == 400
+    assert (
+        "/validate admits apps/v1 StatefulSets, got v1 Pod"
+        in resp.get_json()["response"]["status"]["message"]
+    )
