@@ -1,0 +1,116 @@
+"""What NVML sees: the GPUs visible to this process, with the details a person checks by eye.
+
+``pynvml`` (package ``nvidia-ml-py``) is optional: without it, or without the
+driver's ``libnvidia-ml.so``, :func:`query` says why NVML is not available and
+the check program carries on with the checks that need no GPU.
+
+NVML numbers GPUs in PCI bus order, the order of ``nvidia-smi`` and of the
+map's indices; it does not look at ``CUDA_VISIBLE_DEVICES``. Inside a container
+whose runtime honours ``NVIDIA_VISIBLE_DEVICES`` it sees only those GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    memory_total_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NvmlReport:
+    """``available`` False: ``reason`` says why. ``errors``: per-device failures after a good init."""
+
+    available: bool
+    reason: str | None = None
+    driver_version: str | None = None
+    count: int = 0
+    devices: tuple[Gpu, ...] = ()
+    errors: tuple[str, ...] = field(default=())
+
+    def by_index(self, index: int) -> Gpu | None:
+        for gpu in self.devices:
+            if gpu.index == index:
+                return gpu
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "driver_version": self.driver_version,
+            "count": self.count,
+            "devices": [d.to_json() for d in self.devices],
+            **({"errors": list(self.errors)} if self.errors else {}),
+        }
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _load() -> Any:
+    return importlib.import_module("pynvml")
+
+
+def query(module: Any = None) -> NvmlReport:
+    """Initialise NVML, list every GPU it sees, shut it down again.
+
+    ``module`` stands in for ``pynvml`` (unit tests of this reporting logic pass
+    an object with the same functions); by default the real one is imported.
+    """
+    if module is None:
+        try:
+            module = _load()
+        except ImportError as err:
+            return NvmlReport(False, reason=f"NVML not available: pynvml is not installed ({err})")
+    try:
+        module.nvmlInit()
+    except Exception as err:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, OSError...
+        return NvmlReport(False, reason=f"NVML not available: {err.__class__.__name__}: {err}")
+    try:
+        return _devices(module)
+    finally:
+        with contextlib.suppress(Exception):  # nothing to do about a failed shutdown
+            module.nvmlShutdown()
+
+
+def _devices(module: Any) -> NvmlReport:
+    errors: list[str] = []
+    try:
+        driver: str | None = _text(module.nvmlSystemGetDriverVersion())
+    except Exception as err:
+        driver = None
+        errors.append(f"driver version: {err}")
+    try:
+        count = int(module.nvmlDeviceGetCount())
+    except Exception as err:
+        return NvmlReport(True, driver_version=driver, errors=(*errors, f"device count: {err}"))
+    devices: list[Gpu] = []
+    for index in range(count):
+        try:
+            handle = module.nvmlDeviceGetHandleByIndex(index)
+            devices.append(
+                Gpu(
+                    index=index,
+                    name=_text(module.nvmlDeviceGetName(handle)),
+                    uuid=_text(module.nvmlDeviceGetUUID(handle)),
+                    pci_bus_id=_text(module.nvmlDeviceGetPciInfo(handle).busId),
+                    memory_total_bytes=int(module.nvmlDeviceGetMemoryInfo(handle).total),
+                )
+            )
+        except Exception as err:
+            errors.append(f"GPU {index}: {err.__class__.__name__}: {err}")
+    return NvmlReport(True, driver_version=driver, count=count, devices=tuple(devices), errors=tuple(errors))
