@@ -51,3 +51,6 @@ cluster-down: venv ## Stop the control plane started by cluster-up
 
 clean: ## Remove the virtualenv and local state (the tool cache stays)
 	rm -rf $(VENV) .cluster .pytest_cache .mypy_cache .ruff_cache
+
+# Delivery targets (charts, image, Argo CD, GitLab CI): mk/*.mk
+-include mk/*.mk

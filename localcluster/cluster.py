@@ -350,6 +350,13 @@ class Cluster:
         with contextlib.suppress(FileNotFoundError):
             (self.workdir / "state.json").unlink()
 
+    def adopt(self, name: str, proc: ManagedProcess) -> None:
+        """Stop ``proc`` with the control plane (and, when detached, from ``make cluster-down``)."""
+        if self.detached:
+            proc.detach()
+        self.procs[name] = proc
+        self._write_state()
+
     def pids(self) -> dict[str, int]:
         return {name: p.pid for name, p in self.procs.items()}
 
