@@ -40,6 +40,7 @@ from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, 
 log = logging.getLogger("gpu_scheduling.check")
 
 MODES = ("cuda", "nvidia")
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 PCI_BUS_ID = "PCI_BUS_ID"
 EXIT_OK = 0
 EXIT_MISMATCH = 1
@@ -139,7 +140,9 @@ def log_result(result: Result, level: int | None = None) -> None:
     if level is None:
         level = logging.INFO if result.ok is not False else logging.WARNING
     verdict = {True: "passed", False: "FAILED", None: "skipped"}[result.ok]
-    log.log(level, f"check {result.check} {verdict}", extra=result.to_json())
+    # logging refuses extra keys that name LogRecord attributes ("message", "name"...): suffix them.
+    extra = {(f"{k}_" if k in _RESERVED else k): v for k, v in result.to_json().items()}
+    log.log(level, f"check {result.check} {verdict}", extra=extra)
 
 
 # --- the checks ----------------------------------------------------------------------------------
@@ -171,7 +174,7 @@ def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
         results.append(Result("mode", list(MODES), settings.injection_mode, False, pod))
     if settings.map_text is None:
         results.append(
-            Result("map", "a valid map", None, False, pod, {"message": "GPU_SCHEDULING_MAP is not set"})
+            Result("map", "a valid map", None, False, pod, {"detail": "GPU_SCHEDULING_MAP is not set"})
         )
         return results, None
     try:
@@ -500,7 +503,7 @@ def evaluate_release(
             smap = parse(want_text) if isinstance(want_text, str) else None
         except MapError as err:
             results.append(
-                Result("map", f"a valid map in {source}", want_text, False, who, {"message": str(err)})
+                Result("map", f"a valid map in {source}", want_text, False, who, {"detail": str(err)})
             )
             smap = None
         if smap is None:
@@ -645,7 +648,7 @@ def cmd_verify_release(args: argparse.Namespace) -> int:
                     f"{err.status} {err.reason}",
                     False,
                     f"{args.namespace}/-",
-                    {"message": (err.body or "")[:500] if isinstance(err.body, str) else None},
+                    {"detail": (err.body or "")[:500] if isinstance(err.body, str) else None},
                 )
             ]
             rows = []

@@ -520,3 +520,13 @@ def test_release_pod_without_owner_uses_its_annotation() -> None:
     p = pod("solo-0", "node1", {"CUDA_VISIBLE_DEVICES": "0,1", **CUDA}, owner=None)
     results, _ = evaluate_release([p], {}, "ns")
     assert passed(results) and "replicas" not in by_check(results)
+
+
+def test_log_result_survives_reserved_keys(caplog: pytest.LogCaptureFixture) -> None:
+    from gpu_scheduling.check import log_result
+
+    with caplog.at_level("INFO"):
+        log_result(Result("x", 1, 2, False, "ns/p", {"message": "m", "name": "n"}))
+    (rec,) = caplog.records
+    assert rec.__dict__["message_"] == "m" and rec.__dict__["name_"] == "n"
+    assert rec.__dict__["check"] == "x" and rec.levelname == "WARNING"
