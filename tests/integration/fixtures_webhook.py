@@ -1,0 +1,284 @@
+"""Fixtures that put the real webhook in front of the real kube-apiserver.
+
+* ``webhook_certs`` (session): CA and serving certificate from generate-webhook-certs.py, SAN 127.0.0.1.
+* ``webhook_server`` (session): ``gpu-scheduler-webhook`` as a host process on 127.0.0.1, reading
+  nodes with a ServiceAccount that may only ``get`` them (the RBAC the chart grants).
+* ``webhook_configs`` (per test): Mutating- and ValidatingWebhookConfigurations pointing at
+  ``https://127.0.0.1:PORT`` with the caBundle, limited to the test's namespace and to objects
+  carrying the annotation; waits until the apiserver really calls them; deleted afterwards.
+
+``start_webhook`` and ``register_webhooks`` are there for tests that need another webhook process
+(other settings) or only one of the two configurations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster.cluster import Cluster
+from localcluster.procs import ManagedProcess
+from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
+
+ANNOTATION = "gpu-scheduling-map"
+POD_CONDITION = f"has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations"
+STATEFULSET_CONDITION = (
+    "(has(object.spec.template.metadata) && has(object.spec.template.metadata.annotations) && "
+    f"'{ANNOTATION}' in object.spec.template.metadata.annotations) || "
+    f"(has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations)"
+)
+# The probe map: replica 0 on node1 (a node of the session cluster) with GPU 3.
+PROBE_MAP = "0=node1:3\n"
+
+
+@dataclass
+class WebhookServer:
+    proc: ManagedProcess
+    port: int
+    certs: Path
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ca_bundle(self) -> str:
+        return ca_bundle(self.certs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(
+    cond: Callable[[], Any], timeout: float = 60, what: str = "condition", interval: float = 0.5
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def webhook_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_certs(tmp_path_factory.mktemp("webhook") / "certs")
+
+
+@pytest.fixture(scope="session")
+def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
+    """A kubeconfig for a ServiceAccount allowed to ``get`` nodes and nothing else."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, role = f"webhook-host-{suffix}", f"webhook-host-node-reader-{suffix}"
+    cluster.apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "webhook", "namespace": ns}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": role},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": "webhook", "namespace": ns}],
+            },
+        ]
+    )
+    try:
+        yield cluster.service_account_kubeconfig(ns, "webhook")
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def start_webhook(
+    certs: Path, log_dir: Path, kubeconfig: Path | None, env: Mapping[str, str] | None = None
+) -> Iterator[WebhookServer]:
+    port = _free_port()
+    # No kubeconfig: none at all (not the caller's $KUBECONFIG), so node look-ups are skipped.
+    full_env = {"WEBHOOK_LOG_LEVEL": "DEBUG", "KUBECONFIG": str(kubeconfig or ""), **(env or {})}
+    proc = run_webhook(certs, port, env=full_env, log_path=log_dir / f"webhook-{port}.log")
+    try:
+        yield WebhookServer(proc, port, certs)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def webhook_server(
+    webhook_certs: Path, webhook_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookServer]:
+    with start_webhook(webhook_certs, tmp_path_factory.mktemp("webhook-logs"), webhook_kubeconfig) as server:
+        yield server
+
+
+def webhook_configurations(name: str, namespace: str, server: WebhookServer) -> tuple[dict, dict]:
+    """The two configurations for ``server``, limited to ``namespace`` (as a test's isolation)."""
+    common = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 10,
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+    }
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "mutate-pods.gpu-scheduler.io",
+                **common,
+                "reinvocationPolicy": "IfNeeded",
+                "clientConfig": {"url": f"{server.url}/mutate", "caBundle": server.ca_bundle},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": POD_CONDITION}],
+            }
+        ],
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "validate-statefulsets.gpu-scheduler.io",
+                **common,
+                "clientConfig": {"url": f"{server.url}/validate", "caBundle": server.ca_bundle},
+                "rules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["statefulsets"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": STATEFULSET_CONDITION}],
+            }
+        ],
+    }
+    return mutating, validating
+
+
+def _probe_pod(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe-0", "namespace": namespace, "annotations": {ANNOTATION: PROBE_MAP}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
+def _probe_statefulset(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {
+            "replicas": 0,
+            "serviceName": "probe",
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}, "annotations": {ANNOTATION: "not a map"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+
+
+def _mutating_live(cluster: Cluster, namespace: str) -> bool:
+    res = cluster.kubectl(
+        "create",
+        "--dry-run=server",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=json.dumps(_probe_pod(namespace)),
+        check=False,
+    )
+    if res.returncode != 0:
+        return False
+    env = json.loads(res.stdout)["spec"]["containers"][0].get("env") or []
+    return {"name": "CUDA_VISIBLE_DEVICES", "value": "3"} in env or {
+        "name": "NVIDIA_VISIBLE_DEVICES",
+        "value": "3",
+    } in env
+
+
+def _validating_live(cluster: Cluster, namespace: str) -> bool:
+    res = cluster.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(_probe_statefulset(namespace)), check=False
+    )
+    return res.returncode != 0 and "validate-statefulsets.gpu-scheduler.io" in res.stderr
+
+
+@contextlib.contextmanager
+def register_webhooks(
+    cluster: Cluster, namespace: str, server: WebhookServer, *, mutate: bool = True, validate: bool = True
+) -> Iterator[str]:
+    """Create the configurations, wait until the apiserver calls them (dry-run probes), delete after."""
+    name = f"gpu-scheduler-it-{namespace}"
+    mutating, validating = webhook_configurations(name, namespace, server)
+    kinds = []
+    if mutate:
+        cluster.apply(mutating)
+        kinds.append("mutatingwebhookconfiguration")
+    if validate:
+        cluster.apply(validating)
+        kinds.append("validatingwebhookconfiguration")
+    try:
+        if mutate:
+            wait_for(lambda: _mutating_live(cluster, namespace), 60, "the mutating webhook to be called")
+        if validate:
+            wait_for(lambda: _validating_live(cluster, namespace), 60, "the validating webhook to be called")
+        yield name
+    finally:
+        for kind in kinds:
+            cluster.kubectl("delete", kind, name, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def webhook_configs(cluster: Cluster, namespace: str, webhook_server: WebhookServer) -> Iterator[str]:
+    with register_webhooks(cluster, namespace, webhook_server) as name:
+        yield name
+
+
+def dump(manifest: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(manifest), sort_keys=False)
+
+
+def kubectl_apply(cluster: Cluster, manifest: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
+    """``kubectl apply`` as a user runs it: rc, stdout and stderr (where ``Warning:`` lines go)."""
+    return cluster.kubectl("apply", "-f", "-", input=dump(manifest), check=False)

@@ -1,0 +1,208 @@
+"""The webhook behind the real kube-apiserver: admission over TLS, as kubectl users see it.
+
+The apiserver calls the host-process webhook at https://127.0.0.1:PORT with the generated CA as
+caBundle; the StatefulSet controller (kube-controller-manager) creates the pods.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import Cluster
+from tests.integration.fixtures_webhook import (
+    WebhookServer,
+    kubectl_apply,
+    register_webhooks,
+    start_webhook,
+    wait_for,
+)
+
+pytestmark = pytest.mark.cluster
+
+ANNOTATION = "gpu-scheduling-map"
+
+
+def pod(namespace: str, name: str, annotation: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}], **spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": {ANNOTATION: annotation}},
+        "spec": body,
+    }
+
+
+def statefulset(
+    namespace: str, name: str, annotation: str, replicas: int, scheduler: str = "gpu-scheduler"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {ANNOTATION: annotation}},
+                "spec": {
+                    "schedulerName": scheduler,
+                    "initContainers": [{"name": "prep", "image": "busybox"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox",
+                            "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "7"}],
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def env_of(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, str]]:
+    obj = json.loads(cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout)
+    spec = obj["spec"]
+    return {
+        c["name"]: {e["name"]: e.get("value", "") for e in c.get("env") or []}
+        for c in spec.get("initContainers", []) + spec["containers"]
+    }
+
+
+def test_pod_with_the_map_gets_its_gpus(cluster: Cluster, namespace: str, webhook_configs: str) -> None:
+    manifest = pod(
+        namespace,
+        "train-1",
+        "0=node1:0,1\n1=node2:2,3\n",
+        initContainers=[{"name": "init", "image": "busybox", "env": [{"name": "A", "value": "1"}]}],
+    )
+    res = kubectl_apply(cluster, manifest)
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr
+    env = env_of(cluster, namespace, "train-1")
+    for container in ("init", "main"):
+        assert env[container]["CUDA_VISIBLE_DEVICES"] == "2,3", container
+        assert env[container]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID", container
+    assert env["init"]["A"] == "1"
+
+
+def test_pod_without_the_map_is_not_sent_to_the_webhook(
+    cluster: Cluster, namespace: str, webhook_configs: str, webhook_server: WebhookServer
+) -> None:
+    manifest = pod(namespace, "plain-0", "")
+    del manifest["metadata"]["annotations"]
+    before = webhook_server.proc.log_text().count(f'"pod":"{namespace}/plain-0"')
+    assert kubectl_apply(cluster, manifest).returncode == 0
+    assert env_of(cluster, namespace, "plain-0") == {"main": {}}
+    # matchConditions kept it away: the webhook never logged this pod
+    assert webhook_server.proc.log_text().count(f'"pod":"{namespace}/plain-0"') == before
+
+
+def test_statefulset_replicas_get_their_entries(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    res = kubectl_apply(cluster, statefulset(namespace, "w", "0=node1:0,1\n1=node2:2\n", replicas=2))
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr, res.stderr
+
+    def pods_exist() -> bool:
+        out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=w", "-o", "name", check=False).stdout
+        return len(out.split()) == 2
+
+    wait_for(pods_exist, 60, "the StatefulSet controller to create w-0 and w-1")
+    for name, devices in (("w-0", "0,1"), ("w-1", "2")):
+        env = env_of(cluster, namespace, name)
+        assert env["prep"] == {"CUDA_VISIBLE_DEVICES": devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        # the template's conflicting value was replaced in place
+        assert env["main"] == {"CUDA_VISIBLE_DEVICES": devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_malformed_map_statefulset_is_refused_with_the_line(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    res = kubectl_apply(cluster, statefulset(namespace, "bad", "0=node1:0\n1=node1:0\n", replicas=2))
+    assert res.returncode != 0
+    assert 'admission webhook "validate-statefulsets.gpu-scheduler.io" denied the request' in res.stderr
+    assert "line 2: node1:0 is already given to ordinal 0 on line 1" in res.stderr
+    assert cluster.kubectl("get", "statefulset", "bad", "-n", namespace, check=False).returncode != 0
+
+
+def test_malformed_map_pods_fail_creation_with_an_event(
+    cluster: Cluster, namespace: str, webhook_server: WebhookServer
+) -> None:
+    # Only the mutating webhook: the StatefulSet gets in, its pods are refused, the controller says why.
+    with register_webhooks(cluster, namespace, webhook_server, validate=False):
+        res = kubectl_apply(cluster, statefulset(namespace, "late", "0=node1:0\n\n0=node2:1\n", replicas=1))
+        assert res.returncode == 0, res.stderr
+
+        def failed_create() -> str:
+            out = cluster.kubectl(
+                "get", "events", "-n", namespace, "--field-selector", "reason=FailedCreate", "-o", "json"
+            ).stdout
+            return " ".join(e["message"] for e in json.loads(out)["items"])
+
+        message = wait_for(failed_create, 60, "a FailedCreate event")
+    assert "invalid gpu-scheduling-map annotation" in message
+    assert "line 3: ordinal 0 is already mapped on line 1" in message
+
+
+def test_pod_requesting_nvidia_gpu_gets_a_warning(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    manifest = pod(namespace, "greedy-0", "0=node1:1\n")
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    res = kubectl_apply(cluster, manifest)
+    assert res.returncode == 0, res.stderr
+    assert "Warning: nvidia.com/gpu is requested by 'main'" in res.stderr
+    assert "renumbered from 0" in res.stderr
+    assert env_of(cluster, namespace, "greedy-0")["main"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_deny_policy_refuses_such_a_pod(
+    cluster: Cluster, namespace: str, webhook_certs: Path, tmp_path: Path
+) -> None:
+    env = {"WEBHOOK_GPU_RESOURCE_POLICY": "deny", "WEBHOOK_INJECTION_MODE": "nvidia"}
+    with (
+        start_webhook(webhook_certs, tmp_path, None, env) as strict,
+        register_webhooks(cluster, namespace, strict, validate=False),
+    ):
+        manifest = pod(namespace, "greedy-0", "0=node1:1,2\n")
+        manifest["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        res = kubectl_apply(cluster, manifest)
+        assert res.returncode != 0
+        assert 'admission webhook "mutate-pods.gpu-scheduler.io" denied the request' in res.stderr
+        assert "renumbered from 0" in res.stderr
+        # without the request the pod is admitted, in nvidia mode
+        del manifest["spec"]["containers"][0]["resources"]
+        assert kubectl_apply(cluster, manifest).returncode == 0
+        env = env_of(cluster, namespace, "greedy-0")["main"]
+        assert env == {
+            "NVIDIA_VISIBLE_DEVICES": "1,2",
+            "CUDA_VISIBLE_DEVICES": "0,1",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
+
+
+def test_statefulset_with_gaps_and_unknown_nodes_gets_warnings(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    annotation = "0=node1:0\n1=ghost:1\n2=node2:9\n"
+    res = kubectl_apply(cluster, statefulset(namespace, "warned", annotation, replicas=4))
+    assert res.returncode == 0, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("Warning: ")]
+    assert any("no entry for ordinal 3 (1 of 4 replicas)" in w for w in warnings), res.stderr
+    assert any("node 'ghost' (ordinals 1, line 2) does not exist" in w for w in warnings), res.stderr
+    assert any(
+        "ordinal 2 wants GPU 9 but node 'node2' has 4 allocatable nvidia.com/gpu" in w for w in warnings
+    )
+    # an UPDATE is checked too
+    fixed = statefulset(namespace, "warned", "0=node1:0\n1=node2:1\n2=node2:2\n3=node3:0\n", replicas=4)
+    res = kubectl_apply(cluster, fixed)
+    assert res.returncode == 0, res.stderr
+    assert "Warning" not in res.stderr, res.stderr
