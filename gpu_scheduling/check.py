@@ -464,6 +464,7 @@ def evaluate_release(
     owners: Mapping[str, Mapping[str, Any] | None],
     namespace: str,
     mode: str = "auto",
+    owner_errors: Mapping[str, str] | None = None,
 ) -> tuple[list[Result], list[PodRow]]:
     """Pure logic of verify-release: pods and their owning StatefulSets (by name) as API dicts."""
     results: list[Result] = []
@@ -560,9 +561,10 @@ def evaluate_release(
                 Result(
                     "statefulset",
                     f"StatefulSet {owner_name} readable",
-                    None,
+                    (owner_errors or {}).get(owner_name),
                     False,
                     f"{namespace}/{owner_name}",
+                    {"why": "its spec.replicas is the expected replica count"},
                 )
             )
             continue
@@ -597,9 +599,15 @@ def _print_rows(rows: Sequence[PodRow]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _fetch_release(
-    api: Any, core: Any, apps: Any, namespace: str, selector: str
-) -> tuple[list[dict[str, Any]], dict[str, Mapping[str, Any] | None]]:
+@dataclass
+class _Fetched:
+    pods: list[dict[str, Any]]
+    owners: dict[str, Mapping[str, Any] | None]
+    owner_errors: dict[str, str]
+    forbidden: bool  # a 401/403: waiting will not help
+
+
+def _fetch_release(api: Any, core: Any, apps: Any, namespace: str, selector: str) -> _Fetched:
     """The selected pods and their owning StatefulSets, as API-shaped dicts (camelCase keys)."""
     from kubernetes.client.exceptions import ApiException
 
@@ -609,28 +617,36 @@ def _fetch_release(
         )
         or []
     )
-    owners: dict[str, Mapping[str, Any] | None] = {}
+    out = _Fetched(pods, {}, {}, forbidden=False)
     for pod in pods:
         for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
             name = ref.get("name")
-            if ref.get("kind") != "StatefulSet" or not ref.get("controller") or name in owners:
+            if ref.get("kind") != "StatefulSet" or not ref.get("controller") or name in out.owners:
                 continue
             try:
-                owners[name] = api.sanitize_for_serialization(
+                out.owners[name] = api.sanitize_for_serialization(
                     apps.read_namespaced_stateful_set(name, namespace)
                 )
             except ApiException as err:
-                if err.status in (401, 403):
-                    raise
-                owners[name] = None  # deleted meanwhile: reported as unreadable, retried
-    return pods, owners
+                out.owners[name] = None
+                out.owner_errors[name] = (
+                    f"{err.status} {err.reason}: get statefulsets.apps {namespace}/{name}"
+                )
+                out.forbidden = out.forbidden or err.status in (401, 403)
+    return out
 
 
 def cmd_verify_release(args: argparse.Namespace) -> int:
     from kubernetes.client import AppsV1Api, CoreV1Api
     from kubernetes.client.exceptions import ApiException
 
-    api = _api_client(args.kubeconfig)
+    try:
+        api = _api_client(args.kubeconfig)
+    except Exception as err:  # no kubeconfig, no in-cluster token, unreadable file...
+        log.error(
+            "cannot configure the Kubernetes client", extra={"error": f"{err.__class__.__name__}: {err}"}
+        )
+        return EXIT_USAGE
     core, apps = CoreV1Api(api), AppsV1Api(api)
     deadline = time.monotonic() + args.timeout
     ctx = {"namespace": args.namespace, "selector": args.selector}
@@ -638,8 +654,12 @@ def cmd_verify_release(args: argparse.Namespace) -> int:
     rows: list[PodRow] = []
     while True:
         try:
-            pods, owners = _fetch_release(api, core, apps, args.namespace, args.selector)
-            results, rows = evaluate_release(pods, owners, args.namespace, args.mode)
+            got = _fetch_release(api, core, apps, args.namespace, args.selector)
+            results, rows = evaluate_release(
+                got.pods, got.owners, args.namespace, args.mode, got.owner_errors
+            )
+            if got.forbidden:
+                break  # permissions will not change while we wait
         except ApiException as err:
             results = [
                 Result(

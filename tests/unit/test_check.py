@@ -498,8 +498,11 @@ def test_release_no_pods() -> None:
 
 
 def test_release_unreadable_owner_and_bad_map() -> None:
-    results, _ = evaluate_release(good_pods(), {"w": None}, "ns")
-    assert by_check(results)["statefulset"].ok is False
+    results, _ = evaluate_release(
+        good_pods(), {"w": None}, "ns", owner_errors={"w": "403 Forbidden: get ..."}
+    )
+    r = by_check(results)["statefulset"]
+    assert r.ok is False and r.actual == "403 Forbidden: get ..."
     # Without the StatefulSet the pods' own annotations are used.
     assert all(r.ok for r in results if r.check in ("node", "env:CUDA_VISIBLE_DEVICES"))
     results, _ = evaluate_release(good_pods(), {"w": sts("w", "garbage")}, "ns")
