@@ -45,22 +45,27 @@ def gpu_requesters(spec: dict[str, Any], where: str, uid: str) -> list[str]:
     return names
 
 
-def gpu_resource_warning(names: list[str]) -> str:
+def gpu_resource_warning(names: list[str], subject: str = "this pod") -> str:
     """One admission warning (<= 256 characters) about the device-plugin renumbering pitfall."""
-    shown = ", ".join(repr(n) for n in names[:3]) + (" ..." if len(names) > 3 else "")
-    text = (
-        f"{GPU_RESOURCE} is requested by {shown}: the device plugin then picks the GPUs and they are "
-        "renumbered from 0 in the container, so the gpu-scheduling-map indices would point at the "
-        f"wrong GPU; drop the {GPU_RESOURCE} request"
+    advice = (
+        "the device plugin then picks the GPUs and renumbers them from 0 in the container, so the "
+        f"gpu-scheduling-map indices would point at the wrong GPU; drop the {GPU_RESOURCE} request"
     )
-    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+    # As many container names as fit; the explanation itself is never cut.
+    for count, width in ((len(names), 63), (3, 24), (2, 16), (1, 16)):
+        shown = ", ".join(repr(n[:width]) for n in names[:count]) + (", ..." if len(names) > count else "")
+        text = f"{subject} also requests {GPU_RESOURCE} ({shown}): {advice}"
+        if len(text) <= MAX_WARNING:
+            break
+    return text
 
 
 def gpu_resource_denial(names: list[str]) -> str:
     """The full explanation, for a denial (status messages are not truncated)."""
     return (
-        f"{GPU_RESOURCE} is requested by {', '.join(repr(n) for n in names)} and the pod uses "
-        "gpu-scheduling-map: the NVIDIA device plugin would choose which GPUs the container gets and "
+        f"the pod uses gpu-scheduling-map and also requests {GPU_RESOURCE} "
+        f"(containers {', '.join(repr(n) for n in names)}): the NVIDIA device plugin would choose which GPUs "
+        "the container gets and "
         "they are renumbered from 0 inside it, so the map's indices would point at the wrong GPU. "
         f"Remove the {GPU_RESOURCE} requests/limits (the map already reserves the GPUs), or ask the "
         "operator to set WEBHOOK_GPU_RESOURCE_POLICY=warn"

@@ -139,7 +139,7 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
         if settings.gpu_resource_policy == "deny":
             log.info("denied: pod template requests nvidia.com/gpu", extra={**ctx, "containers": requesters})
             return Verdict.deny(403, gpu_resource_denial(requesters))
-        warnings.append(gpu_resource_warning(requesters))
+        warnings.append(gpu_resource_warning(requesters, subject="the pod template"))
 
     replicas = _int_at(spec, "replicas", 1, "spec.replicas", req.uid)
     ordinals = dict_at(spec, "ordinals", "spec.ordinals", req.uid)

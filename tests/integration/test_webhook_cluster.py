@@ -159,8 +159,8 @@ def test_pod_requesting_nvidia_gpu_gets_a_warning(
     manifest["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
     res = kubectl_apply(cluster, manifest)
     assert res.returncode == 0, res.stderr
-    assert "Warning: nvidia.com/gpu is requested by 'main'" in res.stderr
-    assert "renumbered from 0" in res.stderr
+    assert "Warning: this pod also requests nvidia.com/gpu ('main')" in res.stderr
+    assert "renumbers them from 0" in res.stderr
     assert env_of(cluster, namespace, "greedy-0")["main"]["CUDA_VISIBLE_DEVICES"] == "1"
 
 

@@ -280,8 +280,8 @@ GPU_CONTAINERS = [
 def test_gpu_resource_request_warns_about_renumbering_and_still_patches() -> None:
     response, out = mutated(client(), pod("w-1", GPU_CONTAINERS))
     [warning] = response["warnings"]
-    assert "nvidia.com/gpu" in warning and "'main', 'side'" in warning and "'zero'" not in warning
-    assert "renumbered from 0" in warning and "wrong GPU" in warning
+    assert warning.startswith("this pod also requests nvidia.com/gpu ('main', 'side'): ")
+    assert "renumbers them from 0" in warning and "wrong GPU" in warning
     assert len(warning) <= 256
     assert dict(env_of(out["spec"]["containers"][0]))["CUDA_VISIBLE_DEVICES"] == "2"
 
@@ -297,7 +297,7 @@ def test_gpu_resource_request_is_denied_under_the_deny_policy() -> None:
     assert response["allowed"] is False
     assert response["status"]["code"] == 403
     assert "renumbered from 0" in response["status"]["message"]
-    assert "'main', 'side'" in response["status"]["message"]
+    assert "(containers 'main', 'side')" in response["status"]["message"]
     assert "patch" not in response
 
 
@@ -360,3 +360,14 @@ def test_log_lines_name_the_pod(mode: str, caplog: pytest.LogCaptureFixture) -> 
     mutated(client(injection_mode=mode), pod("w-0"))
     lines = [r for r in caplog.records if r.name == "webhook.mutate"]
     assert lines and all(getattr(r, "pod", None) == "team/w-0" for r in lines)
+
+
+def test_gpu_resource_warning_stays_within_the_apiservers_limit() -> None:
+    containers = [
+        {"name": "x" * 60 + str(i), "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(5)
+    ]
+    response, _ = mutated(client(), pod("w-1", containers))
+    [warning] = response["warnings"]
+    assert len(warning) <= 256
+    assert warning.endswith("drop the nvidia.com/gpu request")
+    assert ", ...)" in warning

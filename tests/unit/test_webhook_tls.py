@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook, webhook_command
@@ -249,3 +250,41 @@ def test_missing_certificate_exits_1_naming_the_files(tmp_path: Path) -> None:
 def test_console_script_is_the_venvs() -> None:
     assert webhook_command() == Path(sys.executable).parent / "gpu-scheduler-webhook"
     assert webhook_command().is_file()
+
+
+def test_reissued_certificate_is_served_without_a_restart(
+    server: tuple[ManagedProcess, int], certs: Path
+) -> None:
+    proc, port = server
+
+    def serving_serial() -> int:
+        ctx = client_context(certs)
+        with (
+            socket.create_connection((HOST, port), timeout=5) as raw,
+            ctx.wrap_socket(raw, server_hostname=HOST) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return x509.load_der_x509_certificate(der).serial_number
+
+    before = serving_serial()
+    script = Path(__file__).resolve().parents[2] / "generate-webhook-certs.py"
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--output-dir",
+            str(certs),
+            "--reissue",
+            "--ip",
+            HOST,
+            "--dns",
+            "localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    after = serving_serial()  # a new connection, the same process, verified by the same CA
+    assert after != before
+    assert after == x509.load_pem_x509_certificate((certs / "tls.crt").read_bytes()).serial_number
+    assert proc.running()
