@@ -459,6 +459,19 @@ def _parse_or_none(text: str | None) -> SchedulingMap | None:
         return None
 
 
+def _owner_of(pod: Mapping[str, Any]) -> str | None:
+    """Name of the StatefulSet that controls ``pod``, if one does."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "StatefulSet" and ref.get("controller"):
+            return str(ref.get("name"))
+    return None
+
+
+def _map_of(obj: Mapping[str, Any]) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
 def evaluate_release(
     pods: Sequence[Mapping[str, Any]],
     owners: Mapping[str, Mapping[str, Any] | None],
@@ -469,8 +482,18 @@ def evaluate_release(
     """Pure logic of verify-release: pods and their owning StatefulSets (by name) as API dicts."""
     results: list[Result] = []
     rows: list[PodRow] = []
+    # A pod with no map and no owning StatefulSet is not part of the placement (the
+    # `helm test` pod itself carries the release's labels): leave it out.
+    placed = [p for p in pods if _owner_of(p) is not None or _map_of(p) is not None]
+    for p in pods:
+        if p not in placed:
+            log.debug(
+                "ignoring pod without a map",
+                extra={"pod": f"{namespace}/{(p.get('metadata') or {}).get('name')}"},
+            )
+    pods = placed
     if not pods:
-        results.append(Result("pods", "at least one pod", 0, False, f"{namespace}/-"))
+        results.append(Result("pods", "at least one pod with a map", 0, False, f"{namespace}/-"))
         return results, rows
     seen: dict[str, set[int]] = {}
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
@@ -480,15 +503,8 @@ def evaluate_release(
         name = str(meta.get("name"))
         who = f"{meta.get('namespace') or namespace}/{name}"
         before = len(results)
-        owner_name = next(
-            (
-                o.get("name")
-                for o in meta.get("ownerReferences") or []
-                if o.get("kind") == "StatefulSet" and o.get("controller")
-            ),
-            None,
-        )
-        pod_text = (meta.get("annotations") or {}).get(ANNOTATION)
+        owner_name = _owner_of(pod)
+        pod_text = _map_of(pod)
         owner = owners.get(owner_name) if owner_name else None
         if owner is not None:
             tmpl_meta = ((owner.get("spec") or {}).get("template") or {}).get("metadata") or {}

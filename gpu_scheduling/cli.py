@@ -208,6 +208,9 @@ def check_input(
     manifest = mode == "manifest" or (
         mode == "auto" and (source.lower().endswith(_YAML_SUFFIXES) or looks_like_manifest(text))
     )
+    if not manifest and not text.strip():
+        # Usually an upstream step of a pipe failed (`helm template ... | gpu-scheduler-map validate`).
+        return InputReport(shown, "map", error="empty input: no map to check")
     if not manifest:
         report = MapReport(shown, None)
         _check_text(report, text)

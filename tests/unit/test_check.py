@@ -497,6 +497,23 @@ def test_release_no_pods() -> None:
     assert [(r.check, r.ok) for r in results] == [("pods", False)] and rows == []
 
 
+def test_release_ignores_the_helm_test_pod() -> None:
+    # The helm test pod carries the release's labels but no map and no StatefulSet owner.
+    test_pod = pod("w-test-0", None, None, owner=None)
+    del test_pod["metadata"]["annotations"]
+    results, rows = evaluate_release([*good_pods(), test_pod], {"w": sts("w", MAP)}, "ns")
+    assert passed(results) and [r.name for r in rows] == ["w-0", "w-1"]
+    results, _ = evaluate_release([test_pod], {}, "ns")
+    assert [(r.check, r.ok) for r in results] == [("pods", False)]
+
+
+def test_release_owned_pod_without_annotation_fails() -> None:
+    pods = good_pods()
+    del pods[1]["metadata"]["annotations"]
+    results, _ = evaluate_release(pods, {"w": sts("w", MAP)}, "ns")
+    assert [(r.pod, r.check) for r in results if r.ok is False] == [("ns/w-1", "pod:map")]
+
+
 def test_release_unreadable_owner_and_bad_map() -> None:
     results, _ = evaluate_release(
         good_pods(), {"w": None}, "ns", owner_errors={"w": "403 Forbidden: get ..."}

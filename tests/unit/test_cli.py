@@ -418,3 +418,13 @@ def test_input_detection(name: str, text: str, kind: str) -> None:
 def test_huge_replicas_do_not_hang() -> None:
     report = check_input("-", "0=a:0", replicas=1_000_000_000).maps[0]
     assert report.warnings and "1-9999" in report.warnings[0]["message"]
+
+
+def test_empty_input_exits_2() -> None:
+    res = run("validate", stdin="")
+    assert res.returncode == 2
+    assert "<stdin>: empty input: no map to check" in res.stderr
+    # A map of comments only is a map without entries: invalid, not unreadable.
+    res = run("validate", stdin="# nothing yet\n")
+    assert res.returncode == 1
+    assert "the map has no entries" in res.stderr
