@@ -1,0 +1,203 @@
+"""gpu-scheduler-check-chart rendered with helm template: the StatefulSet, the map it
+carries, the downward-API environment and the verify-release helm test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_scheduling.schedmap import ANNOTATION, parse
+from tests.integration.fixtures_chart import (
+    CHECK_CHART,
+    KUBE_VERSIONS,
+    ci_values,
+    find,
+    is_hook,
+    one,
+    pod_spec,
+    render,
+    template,
+)
+
+CHART = CHECK_CHART
+NS = "gpu-tests"
+REL = "rel"
+FULL = "rel-gpu-scheduler-check"
+SELECTOR = {"app.kubernetes.io/name": "gpu-scheduler-check", "app.kubernetes.io/instance": REL}
+
+
+def sts(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "StatefulSet")
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_every_ci_scenario_renders_a_parsable_map(values_file: Path, kube_version: str) -> None:
+    docs = render(CHART, [values_file], namespace=NS, kube_version=kube_version)
+    s = sts(docs)
+    text = s["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    parsed = parse(text)
+    assert set(range(s["spec"]["replicas"])) <= set(parsed)
+
+
+def test_default_map_is_the_argocd_readme_map() -> None:
+    s = sts(render(CHART, namespace=NS))
+    assert s["spec"]["replicas"] == 3
+    text = s["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n"
+    assert parse(text).format() == text
+
+
+def test_map_from_values_is_ordered_and_normalised() -> None:
+    values = {
+        "replicaCount": 2,
+        "gpuScheduling": {
+            "schedulingMap": [
+                {"podIndex": 1, "nodeName": "b", "gpuDevices": 3},
+                {"podIndex": 0, "nodeName": "a", "gpuDevices": " 0 , 2 "},
+                {"podIndex": 7, "nodeName": "spare", "gpuDevices": "1"},
+            ]
+        },
+    }
+    text = sts(render(CHART, values=values))["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == "0=a:0,2\n1=b:3\n7=spare:1\n"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"replicaCount": 4}, "no entry for podIndex 3"),
+        (
+            {
+                "replicaCount": 1,
+                "gpuScheduling": {
+                    "schedulingMap": [
+                        {"podIndex": 0, "nodeName": "a", "gpuDevices": "0"},
+                        {"podIndex": 0, "nodeName": "b", "gpuDevices": "1"},
+                    ]
+                },
+            },
+            "given twice",
+        ),
+    ],
+)
+def test_bad_maps_fail_with_a_message(values: dict[str, Any], message: str) -> None:
+    res = template(CHART, values=values)
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "replica=3",
+        "schedulerNmae=x",
+        "gpuScheduling.schedulingMap[0].gpuDevice=1",
+        "gpuScheduling.schedulingMap[0].gpuDevices=a\\,b",
+        "gpuScheduling.schedulingMap[0].nodeName=Bad_Node",
+        "gpuScheduling.injectionMode=rocm",
+        "check.intervalSecond=3",
+    ],
+)
+def test_schema_rejects_misspelled_keys_and_bad_values(bad: str) -> None:
+    assert template(CHART, set_args=[bad]).returncode != 0
+
+
+def test_statefulset() -> None:
+    docs = render(CHART, namespace=NS, set_args=["schedulerName=my-sched"])
+    s = sts(docs)
+    assert s["metadata"]["name"] == FULL
+    assert s["spec"]["selector"] == {"matchLabels": SELECTOR}
+    assert s["spec"]["serviceName"] == FULL
+    assert s["spec"]["podManagementPolicy"] == "Parallel"
+    spec = pod_spec(s)
+    assert spec["schedulerName"] == "my-sched"
+    assert spec["automountServiceAccountToken"] is False
+    (c,) = spec["containers"]
+    assert [*c["command"], *c["args"]] == ["gpu-scheduler-check", "serve"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert "nvidia.com/gpu" not in str(c["resources"])
+
+
+def test_downward_api_environment() -> None:
+    (c,) = pod_spec(sts(render(CHART)))["containers"]
+    env = env_of(c)
+    field = {k: v["fieldRef"]["fieldPath"] for k, v in env.items() if isinstance(v, dict)}
+    assert field == {
+        "POD_NAME": "metadata.name",
+        "POD_NAMESPACE": "metadata.namespace",
+        "NODE_NAME": "spec.nodeName",
+        "POD_INDEX": "metadata.labels['apps.kubernetes.io/pod-index']",
+        "GPU_SCHEDULING_MAP": "metadata.annotations['gpu-scheduling-map']",
+    }
+    assert env["GPU_INJECTION_MODE"] == "cuda"
+    assert env["CHECK_INTERVAL_SECONDS"] == "30"
+    assert env["CHECK_PORT"] == "8080"
+    # CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES come from the webhook, never from the chart.
+    assert not {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"} & env.keys()
+
+
+def test_headless_service() -> None:
+    svc = one(render(CHART), "Service")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == SELECTOR
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_restricted_security_context(values_file: Path) -> None:
+    for doc in render(CHART, [values_file]):
+        if doc["kind"] not in ("StatefulSet", "Pod"):
+            continue
+        spec = pod_spec(doc)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["runAsUser"] == 65532
+
+
+def test_verify_release_helm_test() -> None:
+    docs = render(CHART, namespace=NS)
+    hooks = [d for d in docs if is_hook(d)]
+    assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
+    role = one(hooks, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    binding = one(hooks, "RoleBinding")
+    sa = one(hooks, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pod = one(hooks, "Pod")
+    assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    (c,) = pod["spec"]["containers"]
+    assert [*c["command"], *c["args"]] == [
+        "gpu-scheduler-check",
+        "verify-release",
+        "--namespace",
+        NS,
+        "--selector",
+        f"app.kubernetes.io/name=gpu-scheduler-check,app.kubernetes.io/instance={REL}",
+    ]
+    # RBAC objects are created before the pod.
+    weights = {d["kind"]: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", 0)) for d in hooks}
+    assert weights["Pod"] > max(weights["ServiceAccount"], weights["Role"], weights["RoleBinding"])
+    assert not find(render(CHART, set_args=["tests.enabled=false"]), "Pod")
+
+
+def test_long_release_names_fit_pod_names() -> None:
+    docs = render(CHART, release="r" * 53)
+    name = sts(docs)["metadata"]["name"]
+    # <statefulset>-<ordinal> and the controller-revision-hash label must stay within 63.
+    assert len(name) <= 52
