@@ -1,0 +1,149 @@
+"""The scheduler's writes to a pod: claim, bind, and the PodScheduled condition.
+
+Order of a placement (see ``docs/scheduler.md`` for why):
+
+1. ``claim``: merge-patch the pod's ``gpu-scheduler/assigned`` annotation,
+   with the pod's resourceVersion as a precondition. The claim is durable
+   before the pod is bound, so a scheduler that dies between the two steps
+   leaves a claim the next leader sees, never a bound pod nobody accounts for.
+2. ``bind``: POST the Binding subresource (with the pod's UID as a
+   precondition). ``409`` because the pod is already bound counts as success
+   when it is bound to the mapped node.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION
+from scheduler.kube import discard, read_json, rfc3339
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+TIMEOUT = (5, 30)
+
+
+class BindOutcome(enum.Enum):
+    BOUND = "bound"  # our Binding was accepted
+    ALREADY = "already"  # it was bound before, to the mapped node
+    ELSEWHERE = "elsewhere"  # it is bound to another node: nothing to do but say so
+    GONE = "gone"  # the pod was deleted or replaced (another UID)
+
+
+@dataclass(frozen=True)
+class BindResult:
+    outcome: BindOutcome
+    node: str | None = None
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return pod.get("metadata") or {}
+
+
+class PodWriter:
+    def __init__(self, core: client.CoreV1Api, field_manager: str) -> None:
+        self._core = core
+        self._field_manager = field_manager
+
+    def claim(self, pod: Mapping[str, Any], value: str) -> dict[str, Any]:
+        """Write the assignment annotation, only if the pod is unchanged since we saw it.
+
+        Raises ApiException: 409 when the pod changed (look again), 404 when it is gone.
+        """
+        meta = _meta(pod)
+        body = {
+            "metadata": {
+                "resourceVersion": meta.get("resourceVersion"),
+                "annotations": {ASSIGNMENT_ANNOTATION: value},
+            }
+        }
+        resp = self._core.patch_namespaced_pod(
+            meta["name"],
+            meta["namespace"],
+            body,
+            field_manager=self._field_manager,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
+        )
+        out: dict[str, Any] = read_json(resp)
+        return out
+
+    def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
+        meta = _meta(pod)
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=meta["name"], uid=meta.get("uid")),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        try:
+            # _preload_content=False: the client cannot deserialise the Binding
+            # the apiserver answers with (a long-standing client bug).
+            resp = self._core.create_namespaced_pod_binding(
+                meta["name"],
+                meta["namespace"],
+                body,
+                field_manager=self._field_manager,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+            discard(resp)
+            return BindResult(BindOutcome.BOUND, node)
+        except ApiException as err:
+            if err.status == 404:
+                return BindResult(BindOutcome.GONE)
+            if err.status != 409:
+                raise
+        # 409: already bound, or the UID precondition failed. Look at the pod once.
+        try:
+            current = read_json(
+                self._core.read_namespaced_pod(
+                    meta["name"], meta["namespace"], _preload_content=False, _request_timeout=TIMEOUT
+                )
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return BindResult(BindOutcome.GONE)
+            raise
+        if (current.get("metadata") or {}).get("uid") != meta.get("uid"):
+            return BindResult(BindOutcome.GONE)
+        bound_to = (current.get("spec") or {}).get("nodeName")
+        if bound_to == node:
+            return BindResult(BindOutcome.ALREADY, node)
+        if bound_to:
+            return BindResult(BindOutcome.ELSEWHERE, bound_to)
+        raise RuntimeError(f"binding refused with 409 but the pod is not bound: {json.dumps(current)[:200]}")
+
+    def set_unschedulable(self, pod: Mapping[str, Any], message: str) -> None:
+        """PodScheduled=False, reason Unschedulable, as kube-scheduler reports it."""
+        meta = _meta(pod)
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": rfc3339(),
+                        "lastProbeTime": None,
+                    }
+                ]
+            }
+        }
+        resp = self._core.patch_namespaced_pod_status(
+            meta["name"],
+            meta["namespace"],
+            body,
+            field_manager=self._field_manager,
+            _content_type=STRATEGIC_PATCH,
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
+        )
+        discard(resp)

@@ -1,0 +1,452 @@
+"""The scheduler: watch caches in, decisions from them, bindings out.
+
+Threads:
+
+* two informers (pods with our ``spec.schedulerName``; nodes) keep caches and
+  the GPU ledger current and put pod keys on the work queue: a new pending
+  pod, a pod whose map changed, every pod waiting on a node that changed or
+  whose GPUs were freed;
+* ``workers`` threads take keys from the queue, decide from the caches
+  (constant work per pod: one node lookup, one ledger lookup per GPU) and,
+  only while this process is the leader, claim and bind;
+* the leader elector, the event sender and the HTTP server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, POD_INDEX_LABEL
+from gpu_scheduling.schedmap import ANNOTATION
+from scheduler.binding import BindOutcome, PodWriter
+from scheduler.checks import GPU_IN_USE, Decision, Refusal, evaluate, node_signature
+from scheduler.events import EventRecorder
+from scheduler.kube import error_message
+from scheduler.leader import LeaderElector
+from scheduler.ledger import Claim, Ledger, pod_key
+from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
+from scheduler.server import Probes
+from scheduler.settings import Settings
+from scheduler.watch import Informer, Obj
+from scheduler.workqueue import Backoff, WorkQueue
+
+log = logging.getLogger("gpu_scheduler")
+
+FAILED_SCHEDULING = "FailedScheduling"
+SCHEDULED = "Scheduled"
+
+
+def is_pending(pod: Mapping[str, Any]) -> bool:
+    """Waiting for a node: not bound, not being deleted, not finished."""
+    meta = pod.get("metadata") or {}
+    return (
+        not (pod.get("spec") or {}).get("nodeName")
+        and not meta.get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") in (None, "", "Pending")
+    )
+
+
+def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the checks read from a pod: a change makes a waiting pod try again at once."""
+    meta = pod.get("metadata") or {}
+    return (
+        meta.get("uid"),
+        (meta.get("annotations") or {}).get(ANNOTATION),
+        (meta.get("labels") or {}).get(POD_INDEX_LABEL),
+        json.dumps((pod.get("spec") or {}).get("tolerations") or [], sort_keys=True),
+    )
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return (pod.get("metadata") or {}).get("uid") or ""
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, api_client: Any) -> None:
+        self.settings = settings
+        core = client.CoreV1Api(api_client)
+        self.metrics = Metrics()
+        self.ledger = Ledger()
+        self.queue = WorkQueue()
+        self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+        self.writer = PodWriter(core, field_manager=settings.scheduler_name)
+        self.events = EventRecorder(
+            client.EventsV1Api(api_client),
+            controller=settings.scheduler_name,
+            instance=f"{settings.scheduler_name}-{settings.identity}",
+        )
+        self.pods = Informer(
+            "pods",
+            core.list_pod_for_all_namespaces,
+            _Handler(self._pod_added, self._pod_updated, self._pod_deleted),
+            field_selector=f"spec.schedulerName={settings.scheduler_name}",
+            on_relist=self._relisted,
+        )
+        self.nodes = Informer(
+            "nodes",
+            core.list_node,
+            _Handler(self._node_added, self._node_updated, self._node_deleted),
+            on_relist=self._relisted,
+        )
+        self.elector: LeaderElector | None = None
+        if settings.leader_elect:
+            self.elector = LeaderElector(
+                client.CoordinationV1Api(api_client),
+                settings.lease_namespace,
+                settings.lease_name,
+                settings.identity,
+                lease_duration=settings.lease_duration,
+                renew_deadline=settings.renew_deadline,
+                retry_period=settings.retry_period,
+                on_started=self._started_leading,
+                on_stopped=self._stopped_leading,
+            )
+        self.stop_event = threading.Event()
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[str]] = {}  # node -> keys of pods refused for it
+        self._waiting_on: dict[str, str] = {}  # pod key -> node ("" when the map is the problem)
+        self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen pending
+        self._reported: dict[str, tuple[str, str]] = {}  # pod uid -> (reason, message) on its condition
+        self._stale: dict[str, str] = {}  # pod key -> resourceVersion a write found outdated
+        self._workers: list[threading.Thread] = []
+        self.metrics.track(lambda: len(self.queue), lambda: len(self._waiting_on))
+
+    # -- leadership ------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.elector.is_leader() if self.elector else True
+
+    def _started_leading(self) -> None:
+        self.metrics.leader.set(1)
+        # Everything pending may be ours to place now; the queue drops duplicates.
+        for pod in self.pods.items():
+            if is_pending(pod):
+                self.queue.add(pod_key(pod))
+
+    def _stopped_leading(self) -> None:
+        self.metrics.leader.set(0)
+
+    # -- watch handlers (informer threads: record and enqueue only) -------------------
+
+    def _pod_added(self, pod: Obj) -> None:
+        self._pod_changed(None, pod)
+
+    def _pod_updated(self, old: Obj, new: Obj) -> None:
+        self._pod_changed(old, new)
+
+    def _pod_changed(self, old: Obj | None, pod: Obj) -> None:
+        self._requeue_nodes(self.ledger.observe(pod))
+        key = pod_key(pod)
+        if is_pending(pod):
+            with self._lock:
+                self._first_seen.setdefault(_uid(pod), time.monotonic())
+                stale = self._stale.pop(key, None)
+            if stale is not None or old is None or pod_signature(old) != pod_signature(pod):
+                self.queue.add(key)
+        else:
+            self._clear(pod)
+
+    def _pod_deleted(self, pod: Obj) -> None:
+        self._clear(pod)
+        self._requeue_nodes(self.ledger.forget(pod))
+
+    def _node_added(self, node: Obj) -> None:
+        self._requeue_nodes([(node.get("metadata") or {}).get("name", "")])
+
+    def _node_updated(self, old: Obj, new: Obj) -> None:
+        if node_signature(old) != node_signature(new):
+            self._requeue_nodes([(new.get("metadata") or {}).get("name", "")])
+
+    def _node_deleted(self, node: Obj) -> None:
+        self._requeue_nodes([(node.get("metadata") or {}).get("name", "")])
+
+    def _relisted(self, resource: str) -> None:
+        self.metrics.watch_relists.labels(resource).inc()
+
+    def _requeue_nodes(self, nodes: Iterable[str]) -> None:
+        with self._lock:
+            keys = [k for n in nodes for k in self._waiting.get(n, ())]
+        for key in keys:
+            log.debug("cause may be gone, retrying now", extra={"pod": key})
+            self.queue.add(key)
+
+    def _wait_on(self, key: str, node: str) -> None:
+        with self._lock:
+            previous = self._waiting_on.get(key)
+            if previous is not None and previous != node:
+                self._unwait_locked(key)
+            self._waiting_on[key] = node
+            self._waiting.setdefault(node, set()).add(key)
+
+    def _unwait_locked(self, key: str) -> None:
+        node = self._waiting_on.pop(key, None)
+        if node is not None:
+            keys = self._waiting.get(node)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._waiting[node]
+
+    def _clear(self, pod: Mapping[str, Any]) -> None:
+        """The pod is bound, finished or gone: forget its retries and reports."""
+        key, uid = pod_key(pod), _uid(pod)
+        self.backoff.forget(key)
+        with self._lock:
+            self._unwait_locked(key)
+            self._stale.pop(key, None)
+            self._first_seen.pop(uid, None)
+            self._reported.pop(uid, None)
+        self.events.forget(uid)
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self.stop_event.is_set():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            try:
+                self.process(key)
+            except Exception:
+                log.exception("unexpected error placing pod", extra={"pod": key})
+                self.queue.add_after(key, self.backoff.next(key))
+            finally:
+                self.queue.done(key)
+
+    def process(self, key: str) -> None:
+        """Place one pod: decide from the caches, then claim and bind (leader only)."""
+        pod = self.pods.get(key)
+        if pod is None or not is_pending(pod):
+            self.backoff.forget(key)
+            return
+        if not self.is_leader():
+            return  # whoever leads requeues every pending pod when it starts leading
+        decision = evaluate(pod, self.nodes.view(), self.ledger)
+        if not decision.ok or decision.entry is None:
+            self._refuse(pod, decision)
+            return
+        entry = decision.entry
+        claim = Claim(entry.node, entry.gpus)
+        conflicts = self.ledger.reserve(pod, claim)
+        if conflicts:  # another worker claimed a GPU since the check
+            refusals = tuple(
+                Refusal(GPU_IN_USE, f"GPU {entry.node}:{gpu} is held by pod {holder}")
+                for gpu, holder in conflicts
+            )
+            self._refuse(pod, Decision(decision.ordinal, entry, refusals))
+            return
+        value = str(claim)
+        try:
+            if (pod["metadata"].get("annotations") or {}).get(ASSIGNMENT_ANNOTATION) != value:
+                if not self.is_leader():
+                    self.ledger.cancel(pod)
+                    return
+                try:
+                    pod = self.writer.claim(pod, value)
+                except ApiException as err:
+                    if err.status == 409:  # the pod changed since our cache saw it
+                        log.debug(
+                            "pod changed before the claim, retrying on its next update", extra={"pod": key}
+                        )
+                        self._retry_when_newer(pod)
+                        return
+                    self.ledger.cancel(pod)
+                    raise
+            if not self.is_leader():
+                return  # the claim stays on the pod; the next leader binds it
+            with self._lock:
+                first_seen = self._first_seen.get(_uid(pod))
+            result = self.writer.bind(pod, entry.node)
+        except ApiException as err:
+            if err.status == 404:
+                return  # deleted meanwhile: the watch cleans up
+            self._api_failure(pod, entry.node, err)
+            return
+        except Exception as err:  # connection errors and the like
+            self._api_failure(pod, entry.node, err)
+            return
+        if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
+            self._bound(pod, decision, first_seen, result.outcome is BindOutcome.ALREADY)
+        elif result.outcome is BindOutcome.ELSEWHERE:
+            self.metrics.failures.labels(BOUND_ELSEWHERE).inc()
+            message = (
+                f"{BOUND_ELSEWHERE}: the pod was bound to node {result.node!r} by someone else, "
+                f"but replica {entry.ordinal} is mapped to {entry.node}:{entry.devices}"
+            )
+            log.error("pod bound elsewhere", extra={"pod": key, "node": result.node, "mapped": str(entry)})
+            self.events.warning(pod, FAILED_SCHEDULING, message)
+            self._clear(pod)
+        # GONE: the watch delivers the deletion
+
+    def _retry_when_newer(self, pod: Mapping[str, Any]) -> None:
+        """A write found our copy of the pod outdated: retry when the watch brings a newer one."""
+        key = pod_key(pod)
+        seen = (pod.get("metadata") or {}).get("resourceVersion") or ""
+        with self._lock:
+            self._stale[key] = seen
+        current = self.pods.get(key)
+        if current is not None and (current.get("metadata") or {}).get("resourceVersion") != seen:
+            with self._lock:
+                self._stale.pop(key, None)
+            self.queue.add(key)  # the newer copy is already here
+        else:
+            self.queue.add_after(key, self.backoff.next(key))  # in case no update ever comes
+
+    def _bound(
+        self, pod: Mapping[str, Any], decision: Decision, first_seen: float | None, already: bool
+    ) -> None:
+        entry = decision.entry
+        assert entry is not None
+        key = pod_key(pod)
+        latency = time.monotonic() - first_seen if first_seen is not None else None
+        if not already:
+            self.metrics.pods_bound.inc()
+            if latency is not None:
+                self.metrics.bind_latency.observe(latency)
+            self.events.normal(
+                pod,
+                SCHEDULED,
+                f"Successfully assigned {key} to {entry.node} with GPUs {entry.devices} (replica {entry.ordinal})",
+            )
+        log.info(
+            "already bound" if already else "bound",
+            extra={
+                "pod": key,
+                "node": entry.node,
+                "gpus": entry.devices,
+                "ordinal": entry.ordinal,
+                "latency_s": round(latency, 4) if latency is not None else None,
+            },
+        )
+        self._clear(pod)
+
+    def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:
+        key, uid = pod_key(pod), _uid(pod)
+        reason, message = decision.reason, decision.message
+        note = f"{reason}: {message}"
+        self.metrics.failures.labels(reason).inc()
+        self._wait_on(key, decision.entry.node if decision.entry else "")
+        delay = self.backoff.next(key)
+        self.events.warning(pod, FAILED_SCHEDULING, note)
+        with self._lock:
+            changed = self._reported.get(uid) != (reason, message)
+            if changed:
+                self._reported[uid] = (reason, message)
+        if changed:
+            log.info(
+                "cannot bind yet", extra={"pod": key, "reason": reason, "detail": message, "retry_in": delay}
+            )
+            self._set_condition(pod, note)
+        else:
+            log.debug("still cannot bind", extra={"pod": key, "reason": reason, "retry_in": delay})
+        self.queue.add_after(key, delay)
+
+    def _api_failure(self, pod: Mapping[str, Any], node: str, err: BaseException) -> None:
+        key = pod_key(pod)
+        delay = self.backoff.next(key)
+        self.metrics.failures.labels(API_ERROR).inc()
+        message = f"{API_ERROR}: binding to node {node!r} failed: {error_message(err)}"
+        log.warning(
+            "bind failed", extra={"pod": key, "node": node, "error": error_message(err), "retry_in": delay}
+        )
+        self.events.warning(pod, FAILED_SCHEDULING, message)
+        self.queue.add_after(key, delay)
+
+    def _set_condition(self, pod: Mapping[str, Any], message: str) -> None:
+        try:
+            self.writer.set_unschedulable(pod, message)
+        except Exception as err:
+            log.warning(
+                "could not set the PodScheduled condition",
+                extra={"pod": pod_key(pod), "error": error_message(err)},
+            )
+            with self._lock:
+                self._reported.pop(_uid(pod), None)  # try again next time
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def probes(self) -> Probes:
+        return Probes(self.alive, self.ready, self.summary, self.metrics.render)
+
+    def alive(self) -> dict[str, bool]:
+        checks = {
+            "watch-pods": self.pods.alive(),
+            "watch-nodes": self.nodes.alive(),
+            "events": self.events.alive(),
+        }
+        if self.pods.synced.is_set() and self.nodes.synced.is_set():
+            checks["workers"] = bool(self._workers) and all(t.is_alive() for t in self._workers)
+        if self.elector is not None and self._workers:
+            checks["leader-election"] = self.elector.alive()
+        return checks
+
+    def ready(self) -> dict[str, bool]:
+        return {"pods-synced": self.pods.synced.is_set(), "nodes-synced": self.nodes.synced.is_set()}
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "schedulerName": self.settings.scheduler_name,
+            "identity": self.settings.identity,
+            "leaderElection": self.elector is not None,
+            "leader": self.is_leader(),
+            "ready": all(self.ready().values()),
+            "queue": len(self.queue),
+            "unschedulable": len(self._waiting_on),
+            "pods": len(self.pods),
+            "nodes": len(self.nodes),
+            "gpuHolders": len(self.ledger),
+        }
+
+    def start(self) -> None:
+        """Start the watches and the event sender; :meth:`run_until_stopped` does the rest."""
+        self.events.start()
+        self.pods.start(self.stop_event)
+        self.nodes.start(self.stop_event)
+
+    def run_until_stopped(self) -> None:
+        while not self.stop_event.is_set():
+            if self.pods.synced.wait(0.5) and self.nodes.synced.wait(0.5):
+                break
+        if self.stop_event.is_set():
+            return
+        log.info(
+            "caches synced",
+            extra={"pods": len(self.pods), "nodes": len(self.nodes), "held": len(self.ledger)},
+        )
+        for i in range(self.settings.workers):
+            thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
+            thread.start()
+            self._workers.append(thread)
+        if self.elector is not None:
+            self.elector.start(self.stop_event)
+        else:
+            self._started_leading()
+        self.stop_event.wait()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop placing pods, then give up the Lease: no bind can follow the release."""
+        self.stop_event.set()
+        self.queue.shutdown()
+        deadline = time.monotonic() + timeout
+        for thread in self._workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self.elector is not None:
+            self.elector.join(max(0.0, deadline - time.monotonic()))
+            self.elector.release()
+        self.events.stop(timeout=max(0.5, deadline - time.monotonic()))
+        self.metrics.leader.set(0)
+
+
+class _Handler:
+    def __init__(self, add: Any, update: Any, delete: Any) -> None:
+        self.on_add = add
+        self.on_update = update
+        self.on_delete = delete

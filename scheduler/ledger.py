@@ -1,0 +1,208 @@
+"""Who holds which GPU: ``(node, gpu) -> holder pod``, rebuilt from the API.
+
+The truth lives on the pods, not in this process. Before it binds a pod the
+scheduler writes the ``gpu-scheduler/assigned: "node1:0,1"`` annotation on it
+(see ``docs/scheduler.md``, "The assignment annotation"), so every replica and
+every restart rebuilds the same ledger from its pod watch:
+
+* a pod holds GPUs while it is active: not Succeeded or Failed. A terminating
+  pod (``deletionTimestamp`` set) still holds them until it is gone, because
+  its containers may still be using the devices;
+* a pod holds what its assignment annotation says (unless it is bound to
+  another node than the annotation names); a bound pod without one
+  (bound by an older scheduler, or created with ``spec.nodeName``) holds its
+  map entry when that entry names the node it is bound to.
+
+Between writing a claim and seeing it come back on the watch, the claim is
+kept as a *reservation*, so an older copy of the pod arriving late on the
+watch cannot erase it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, entry_for
+from gpu_scheduling.schedmap import MapError, parse
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """GPUs ``gpus`` on ``node``, held by one pod."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.node}:{','.join(str(g) for g in self.gpus)}"
+
+
+def format_assignment(node: str, gpus: Iterable[int]) -> str:
+    """The assignment annotation's value: ``"node1:0,1"``."""
+    return str(Claim(node, tuple(gpus)))
+
+
+def parse_assignment(value: str | None) -> Claim | None:
+    """Read an assignment annotation; None when absent or malformed.
+
+    The value is a map entry without its ordinal, so the map grammar reads it:
+    nothing else parses node and GPU lists.
+    """
+    if not value or "\n" in value or ";" in value or "#" in value:
+        return None
+    try:
+        smap = parse(f"0={value}")
+    except MapError:
+        return None
+    entry = smap[0]
+    return Claim(entry.node, entry.gpus)
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def is_active(pod: Mapping[str, Any]) -> bool:
+    """Not finished. Terminating pods are active: they hold their GPUs until deleted."""
+    return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+
+
+def claim_of(pod: Mapping[str, Any]) -> Claim | None:
+    """The GPUs this pod holds according to the API object."""
+    if not is_active(pod):
+        return None
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    claim = parse_assignment((meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION))
+    if claim is not None:
+        # A pod bound to another node than its claim names (someone else bound
+        # it) holds nothing we can account for.
+        return claim if not node or node == claim.node else None
+    if not node:
+        return None
+    try:
+        _, entry = entry_for(meta)
+    except MapError:
+        return None
+    if entry is None or entry.node != node:
+        return None
+    return Claim(entry.node, entry.gpus)
+
+
+class Ledger:
+    """Thread-safe index of held GPUs, fed by the pod watch and by the scheduler's own writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gpus: dict[tuple[str, int], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
+        self._pods: dict[str, tuple[str, Claim]] = {}  # uid -> ("ns/name", claim)
+        self._reserved: dict[str, Claim] = {}  # uid -> claim written, not yet seen on the watch
+
+    # -- reads ------------------------------------------------------------------
+
+    def holders(
+        self, node: str, gpus: Iterable[int], exclude_uid: str | None = None
+    ) -> list[tuple[int, str]]:
+        """``(gpu, "ns/name")`` for each of ``gpus`` on ``node`` held by a pod other than ``exclude_uid``."""
+        out = []
+        with self._lock:
+            for gpu in gpus:
+                for uid, key in (self._gpus.get((node, gpu)) or {}).items():
+                    if uid != exclude_uid:
+                        out.append((gpu, key))
+        return out
+
+    def claim(self, uid: str) -> Claim | None:
+        with self._lock:
+            held = self._pods.get(uid)
+            return held[1] if held else None
+
+    def snapshot(self) -> dict[str, list[str]]:
+        """``{"node:gpu": ["ns/name", ...]}``, for logs and tests."""
+        with self._lock:
+            return {f"{n}:{g}": sorted(h.values()) for (n, g), h in sorted(self._gpus.items()) if h}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pods)
+
+    # -- updates from the watch ---------------------------------------------------
+
+    def observe(self, pod: Mapping[str, Any]) -> set[str]:
+        """Record the pod as the watch shows it; returns the nodes where GPUs were freed."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        claim = claim_of(pod)
+        with self._lock:
+            reserved = self._reserved.get(uid)
+            if reserved is not None:
+                if claim == reserved or not is_active(pod):
+                    del self._reserved[uid]  # our write is visible (or moot): the watch rules again
+                else:
+                    claim = reserved  # an older copy of the pod: keep what we wrote
+            return self._set(uid, pod_key(pod), claim)
+
+    def forget(self, pod: Mapping[str, Any]) -> set[str]:
+        """The pod is gone; returns the nodes where GPUs were freed."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        with self._lock:
+            self._reserved.pop(uid, None)
+            return self._set(uid, pod_key(pod), None)
+
+    # -- the scheduler's own writes -------------------------------------------------
+
+    def reserve(self, pod: Mapping[str, Any], claim: Claim) -> list[tuple[int, str]]:
+        """Atomically check that no other pod holds ``claim`` and take it.
+
+        Returns the conflicts (and takes nothing) when another pod holds any of the GPUs.
+        """
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        with self._lock:
+            conflicts = [
+                (gpu, key)
+                for gpu in claim.gpus
+                for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
+                if other != uid
+            ]
+            if conflicts:
+                return conflicts
+            self._reserved[uid] = claim
+            self._set(uid, pod_key(pod), claim)
+            return []
+
+    def cancel(self, pod: Mapping[str, Any]) -> set[str]:
+        """Drop a reservation whose write failed; fall back to what the API object says."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        with self._lock:
+            self._reserved.pop(uid, None)
+            return self._set(uid, pod_key(pod), claim_of(pod))
+
+    # -- internals -------------------------------------------------------------------
+
+    def _set(self, uid: str, key: str, claim: Claim | None) -> set[str]:
+        """Set the pod's claim (lock held); returns nodes whose GPUs were released."""
+        released: set[str] = set()
+        old = self._pods.get(uid)
+        if old is not None and old[1] == claim and old[0] == key:
+            return released
+        if old is not None:
+            old_claim = old[1]
+            for gpu in old_claim.gpus:
+                if claim is None or claim.node != old_claim.node or gpu not in claim.gpus:
+                    released.add(old_claim.node)
+                slot = self._gpus.get((old_claim.node, gpu))
+                if slot is not None:
+                    slot.pop(uid, None)
+                    if not slot:
+                        del self._gpus[(old_claim.node, gpu)]
+            del self._pods[uid]
+        if claim is not None:
+            self._pods[uid] = (key, claim)
+            for gpu in claim.gpus:
+                self._gpus.setdefault((claim.node, gpu), {})[uid] = key
+        return released

@@ -1,0 +1,79 @@
+"""``gpu-scheduler``: the console script.
+
+Reads the settings once, serves the HTTP endpoints, syncs the caches, takes
+part in leader election and places pods until SIGTERM or SIGINT; then it stops
+placing pods, releases the Lease and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from gpu_scheduling import logs
+from scheduler import settings as settings_mod
+from scheduler.core import Scheduler
+from scheduler.kube import build_api_client
+from scheduler.server import HealthServer
+
+log = logging.getLogger("gpu_scheduler")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = settings_mod.load(argv)
+    except settings_mod.SettingsError as err:
+        logs.setup("INFO")
+        log.error("invalid settings", extra={"error": str(err)})
+        return 2
+    logs.setup(settings.log_level)
+    log.info(
+        "starting",
+        extra={
+            "schedulerName": settings.scheduler_name,
+            "identity": settings.identity,
+            "leaderElect": settings.leader_elect,
+            "lease": f"{settings.lease_namespace}/{settings.lease_name}",
+            "httpPort": settings.http_port,
+        },
+    )
+    try:
+        api_client = build_api_client(
+            settings.kubeconfig,
+            pool_size=settings.workers + 8,
+            user_agent=f"gpu-scheduler/{settings.identity}",
+        )
+    except Exception as err:
+        log.error("cannot load the Kubernetes client configuration", extra={"error": str(err)})
+        return 1
+
+    scheduler = Scheduler(settings, api_client)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+        scheduler.stop_event.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    try:
+        server = HealthServer(settings.http_address, settings.http_port, scheduler.probes())
+    except OSError as err:
+        log.error("cannot listen", extra={"port": settings.http_port, "error": str(err)})
+        return 1
+    server.start()
+    scheduler.start()
+    try:
+        scheduler.run_until_stopped()
+    finally:
+        scheduler.shutdown()
+        server.stop()
+        log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Prometheus metrics, in a registry of their own (served on /metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from scheduler.checks import ALL_REASONS
+
+# Seconds from the moment this process first saw the pod pending to its Binding.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Failures that are not a check's refusal.
+API_ERROR = "APIError"
+BOUND_ELSEWHERE = "BoundElsewhere"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.pods_bound = Counter(
+            "gpu_scheduler_pods_bound", "Pods bound to their mapped node by this process.", registry=r
+        )
+        self.failures = Counter(
+            "gpu_scheduler_scheduling_failures",
+            "Scheduling attempts that did not bind, by reason (each retry counts).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in (*ALL_REASONS, API_ERROR, BOUND_ELSEWHERE):
+            self.failures.labels(reason)  # export zeros, so rate() works from the start
+        self.bind_latency = Histogram(
+            "gpu_scheduler_bind_latency_seconds",
+            "Time from first seeing a pod pending to binding it.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge("gpu_scheduler_leader", "1 while this process holds the Lease.", registry=r)
+        self.queue_depth = Gauge(
+            "gpu_scheduler_queue_depth", "Pods waiting in the work queue (ready or retrying).", registry=r
+        )
+        self.unschedulable = Gauge(
+            "gpu_scheduler_unschedulable_pods",
+            "Pods last refused and waiting for their cause to go.",
+            registry=r,
+        )
+        self.watch_relists = Counter(
+            "gpu_scheduler_watch_relists",
+            "Full lists of a watched resource (start, 410 Gone).",
+            ["resource"],
+            registry=r,
+        )
+
+    def track(self, queue_depth: Callable[[], float], unschedulable: Callable[[], float]) -> None:
+        self.queue_depth.set_function(queue_depth)
+        self.unschedulable.set_function(unschedulable)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,268 @@
+"""List-then-watch caches of API objects, kept as plain dicts.
+
+One :class:`Informer` per resource: it lists (in pages), then watches from the
+list's resourceVersion, resumes from the last resourceVersion it saw when the
+stream ends or breaks, lists again on ``410 Gone``, and backs off (capped) on
+errors. Handlers run on the informer's thread and must only record and
+enqueue; every per-pod decision answers from these caches, never from a LIST.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from scheduler.kube import read_json
+from scheduler.workqueue import Backoff
+
+log = logging.getLogger("gpu_scheduler.watch")
+
+Obj = dict[str, Any]
+
+
+class Handler(Protocol):
+    def on_add(self, obj: Obj) -> None: ...
+    def on_update(self, old: Obj, new: Obj) -> None: ...
+    def on_delete(self, obj: Obj) -> None: ...
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): list again."""
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+def _slim(obj: Obj) -> Obj:
+    """Drop what no check reads and that dominates an object's size."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+class Informer:
+    """Cache of one resource, filtered by field/label selectors, kept current by a watch."""
+
+    def __init__(
+        self,
+        name: str,
+        list_fn: Callable[..., Any],
+        handler: Handler,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        backoff: Backoff | None = None,
+        on_relist: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._list_fn = list_fn
+        self._handler = handler
+        self._selectors = {
+            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
+        }
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff or Backoff(0.5, 30.0)
+        self._on_relist = on_relist
+        self._lock = threading.Lock()
+        self._store: dict[str, Obj] = {}
+        self.synced = threading.Event()
+        self.resource_version: str | None = None
+        self.last_contact = time.monotonic()
+        self._thread: threading.Thread | None = None
+
+    # -- cache reads (any thread) ------------------------------------------------------
+
+    def get(self, key: str) -> Obj | None:
+        with self._lock:
+            return self._store.get(key)
+
+    def items(self) -> list[Obj]:
+        with self._lock:
+            return list(self._store.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
+    def view(self) -> Mapping[str, Obj]:
+        """A read-only mapping over the cache (lookups take the lock)."""
+        return _View(self)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        self._thread = threading.Thread(target=self.run, args=(stop,), name=f"watch-{self.name}", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self, stop: threading.Event) -> None:
+        rv: str | None = None
+        while not stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._relist()
+                    self._backoff.forget(self.name)
+                rv = self._watch(rv, stop)
+                self._backoff.forget(self.name)
+            except Gone:
+                log.info("watch expired (410 Gone), listing again", extra={"resource": self.name})
+                rv = None
+            except Exception as err:
+                delay = self._backoff.next(self.name)
+                status = getattr(err, "status", None)
+                log.warning(
+                    "watch failed, retrying",
+                    extra={"resource": self.name, "error": _short(err), "status": status, "retry_in": delay},
+                )
+                if status == 410:
+                    rv = None
+                stop.wait(delay)
+
+    def _relist(self) -> str:
+        items: list[Obj] = []
+        token: str | None = None
+        rv = ""
+        while True:
+            kwargs: dict[str, Any] = dict(self._selectors, limit=self._page_size)
+            if token:
+                kwargs["_continue"] = token
+            try:
+                body = read_json(self._list_fn(_preload_content=False, _request_timeout=(10, 60), **kwargs))
+            except ApiException as err:
+                if err.status == 410 and token:  # the continue token expired: start over
+                    items, token = [], None
+                    continue
+                raise
+            items.extend(_slim(i) for i in body.get("items") or [])
+            meta = body.get("metadata") or {}
+            rv = meta.get("resourceVersion") or rv
+            token = meta.get("continue") or None
+            if not token:
+                break
+        self.last_contact = time.monotonic()
+        fresh = {object_key(o): o for o in items}
+        with self._lock:
+            old = self._store
+            self._store = fresh
+        # Tell the handlers what changed while we were not watching.
+        for key, obj in old.items():
+            new = fresh.get(key)
+            if new is None or _uid(new) != _uid(obj):
+                self._handler.on_delete(obj)
+        for key, obj in fresh.items():
+            prev = old.get(key)
+            if prev is None or _uid(prev) != _uid(obj):
+                self._handler.on_add(obj)
+            elif _rv(prev) != _rv(obj):
+                self._handler.on_update(prev, obj)
+        self.resource_version = rv
+        if self._on_relist:
+            self._on_relist(self.name)
+        if not self.synced.is_set():
+            log.info("cache synced", extra={"resource": self.name, "objects": len(fresh)})
+        self.synced.set()
+        return rv
+
+    def _watch(self, rv: str, stop: threading.Event) -> str:
+        resp = self._list_fn(
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+            _preload_content=False,
+            _request_timeout=(10, self._watch_timeout + 30),
+            **self._selectors,
+        )
+        try:
+            for event in _events(resp):
+                if stop.is_set():
+                    break
+                self.last_contact = time.monotonic()
+                rv = self._apply(event) or rv
+                self.resource_version = rv
+        finally:
+            resp.release_conn()
+        return rv
+
+    def _apply(self, event: Mapping[str, Any]) -> str | None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone(obj.get("message"))
+            raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            return rv
+        obj = _slim(obj)
+        key = object_key(obj)
+        with self._lock:
+            old = self._store.get(key)
+            if kind == "DELETED":
+                self._store.pop(key, None)
+            else:
+                self._store[key] = obj
+        if kind == "DELETED":
+            self._handler.on_delete(obj)
+        elif old is None:
+            self._handler.on_add(obj)
+        elif _uid(old) != _uid(obj):
+            self._handler.on_delete(old)
+            self._handler.on_add(obj)
+        else:
+            self._handler.on_update(old, obj)
+        return rv
+
+
+class _View(Mapping[str, Obj]):
+    def __init__(self, informer: Informer) -> None:
+        self._informer = informer
+
+    def __getitem__(self, key: str) -> Obj:
+        obj = self._informer.get(key)
+        if obj is None:
+            raise KeyError(key)
+        return obj
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([object_key(o) for o in self._informer.items()])
+
+    def __len__(self) -> int:
+        return len(self._informer)
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    for line in iter_resp_lines(resp):
+        if line:
+            yield json.loads(line)
+
+
+def _uid(obj: Mapping[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("uid")
+
+
+def _rv(obj: Mapping[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _short(err: BaseException) -> str:
+    if isinstance(err, ApiException):
+        return f"{err.status} {err.reason}"
+    return f"{type(err).__name__}: {err}"[:300]
