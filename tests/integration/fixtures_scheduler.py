@@ -1,0 +1,186 @@
+"""Fixtures for the scheduler's integration tests (registered by tests/conftest.py).
+
+The scheduler runs as a host process with a ServiceAccount token, bound to a
+ClusterRole holding exactly the rules listed in docs/scheduler.md ("RBAC"),
+never as admin: a missing permission fails these tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import Cluster
+from localcluster.procs import ManagedProcess
+from localcluster.scheduler_host import http_url, run_scheduler
+
+SCHEDULER_SA = "gpu-scheduler"
+
+# The scheduler's least privilege; docs/scheduler.md lists the same rules.
+CLUSTER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+LEASE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+]
+
+
+def rbac_manifests(namespace: str, name: str) -> list[dict[str, Any]]:
+    subject = [{"kind": "ServiceAccount", "name": SCHEDULER_SA, "namespace": namespace}]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": SCHEDULER_SA, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": CLUSTER_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": subject,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "gpu-scheduler-leader-election", "namespace": namespace},
+            "rules": LEASE_RULES,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "gpu-scheduler-leader-election", "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "gpu-scheduler-leader-election",
+            },
+            "subjects": subject,
+        },
+    ]
+
+
+@pytest.fixture
+def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Iterator[Path]:
+    """A kubeconfig with the token of a least-privilege ServiceAccount in ``namespace``."""
+    name = f"gpu-scheduler-{namespace}"
+    cluster.apply(rbac_manifests(namespace, name))
+    try:
+        yield cluster.service_account_kubeconfig(namespace, SCHEDULER_SA)
+    finally:
+        cluster.kubectl(
+            "delete", f"clusterrolebinding/{name}", f"clusterrole/{name}", "--ignore-not-found", check=False
+        )
+
+
+@pytest.fixture
+def start_scheduler(
+    namespace: str, scheduler_kubeconfig: Path, tmp_path: Path
+) -> Iterator[Callable[..., ManagedProcess]]:
+    """``start_scheduler(identity="a", **env)``: a scheduler replica whose Lease lives in ``namespace``."""
+    started: list[ManagedProcess] = []
+
+    def start(identity: str = "replica-a", **env: str) -> ManagedProcess:
+        proc = run_scheduler(
+            scheduler_kubeconfig,
+            env={
+                "POD_NAME": identity,
+                "POD_NAMESPACE": namespace,
+                "GPU_SCHEDULER_LOG_LEVEL": "DEBUG",
+                **env,
+            },
+            log_path=tmp_path / f"scheduler-{identity}.log",
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+        # Shown by pytest when the test failed.
+        print(f"--- {proc.log_path} (last 60 lines) ---\n{proc.log_text(60)}")
+
+
+@pytest.fixture
+def scheduler(start_scheduler: Callable[..., ManagedProcess]) -> ManagedProcess:
+    """One scheduler replica (leader election on), ready."""
+    return start_scheduler()
+
+
+# -- helpers for the tests ------------------------------------------------------------
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "") -> Any:
+    """Poll ``cond`` until it returns something truthy; return it, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or cond} (last: {last!r})")
+
+
+def http_get(proc: ManagedProcess, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(http_url(proc, path), timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def metric(proc: ManagedProcess, name: str, labels: str = "") -> float:
+    """The value of one sample on /metrics (0 when absent)."""
+    _, text = http_get(proc, "/metrics")
+    wanted = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(wanted + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def health(proc: ManagedProcess) -> dict[str, Any]:
+    _, body = http_get(proc, "/health")
+    return dict(json.loads(body))
+
+
+def statefulset(
+    name: str, sched_map: str, replicas: int, scheduler_name: str = "gpu-scheduler", **pod_spec: Any
+) -> dict[str, Any]:
+    """A StatefulSet whose pods kwok runs; Parallel so replicas do not wait for each other."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {"gpu-scheduling-map": sched_map}},
+                "spec": {
+                    "schedulerName": scheduler_name,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                    **pod_spec,
+                },
+            },
+        },
+    }

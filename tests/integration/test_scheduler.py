@@ -1,0 +1,313 @@
+"""The scheduler against the real local control plane (kwok runs the bound pods).
+
+Each test runs its own scheduler replica(s) with a least-privilege
+ServiceAccount token and its Lease in the test's namespace. Tests that change
+nodes (create, cordon, taint) use nodes of their own; the canonical example
+uses the session's node1..node3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from localcluster.cluster import Cluster
+from localcluster.procs import ManagedProcess
+from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
+
+ASSIGNED = "gpu-scheduler/assigned"
+# A first retry far in the future: a pod that binds quickly after its cause went
+# away was re-queued by the watch event, not by the backoff timer.
+SLOW_RETRY = {"GPU_SCHEDULER_BACKOFF_INITIAL": "45", "GPU_SCHEDULER_BACKOFF_MAX": "60"}
+PROMPT = 15  # seconds within which a pod must bind once its cause is gone
+
+
+def _pod(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        resp = client.CoreV1Api(kube).read_namespaced_pod(name, ns, _preload_content=False)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return dict(json.loads(resp.data))
+
+
+def _running_on(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
+    pod = _pod(kube, ns, name)
+    if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running":
+        return pod
+    return None
+
+
+def _events(kube: Any, ns: str, pod: str, reason: str | None = None) -> list[dict[str, Any]]:
+    selector = f"involvedObject.name={pod}" + (f",reason={reason}" if reason else "")
+    resp = client.CoreV1Api(kube).list_namespaced_event(ns, field_selector=selector, _preload_content=False)
+    return list(json.loads(resp.data)["items"])
+
+
+def _event_with(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | None:
+    for ev in _events(kube, ns, pod, "FailedScheduling"):
+        if all(w in (ev.get("message") or "") for w in words):
+            return ev
+    return None
+
+
+def _condition(pod: dict[str, Any]) -> dict[str, Any]:
+    for cond in pod["status"].get("conditions") or []:
+        if cond["type"] == "PodScheduled":
+            return dict(cond)
+    return {}
+
+
+def _assert_pending_because(kube: Any, ns: str, pod: str, reason: str, *words: str) -> dict[str, Any]:
+    ev = wait_for(lambda: _event_with(kube, ns, pod, reason, *words), 30, what=f"{reason} event on {pod}")
+    assert ev["type"] == "Warning"
+    assert ev["reportingComponent"] == "gpu-scheduler"
+    current = _pod(kube, ns, pod)
+    assert current is not None
+    assert not current["spec"].get("nodeName"), f"{pod} was bound although {reason}"
+    assert current["status"]["phase"] == "Pending"
+    cond = wait_for(lambda: _condition(_pod(kube, ns, pod) or {"status": {}}), 10, what="PodScheduled")
+    assert cond["status"] == "False"
+    assert cond["reason"] == "Unschedulable"
+    assert reason in cond["message"]
+    return dict(ev)
+
+
+@pytest.fixture
+def own_node(cluster: Cluster, namespace: str) -> Any:
+    """``own_node(suffix, **kw)`` creates a kwok GPU node for this test only; deleted afterwards."""
+    made: list[str] = []
+
+    def make(suffix: str, wait: bool = True, **kw: Any) -> str:
+        name = f"{namespace}-{suffix}"
+        made.append(name)
+        cluster.add_gpu_node(name, wait=wait, **kw)
+        return name
+
+    yield make
+    for name in made:
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_statefulset_replicas_bound_to_mapped_nodes_and_gpus(
+    cluster: Cluster, namespace: str, kube: Any, scheduler: ManagedProcess
+) -> None:
+    smap = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2"
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("w", smap, 3)))
+    expected = {"w-0": ("node1", "node1:0,1"), "w-1": ("node2", "node2:2"), "w-2": ("node3", "node3:0,1,2")}
+
+    def check_all() -> bool:
+        for name, (node, assigned) in expected.items():
+            pod = _running_on(kube, namespace, name)
+            if pod is None:
+                return False
+            assert pod["spec"]["nodeName"] == node, name
+            assert pod["metadata"]["annotations"][ASSIGNED] == assigned, name
+        return True
+
+    wait_for(check_all, 60, what="3 replicas Running on their mapped nodes")
+    for name, (node, _) in expected.items():
+        scheduled = _events(kube, namespace, name, "Scheduled")
+        assert len(scheduled) == 1, scheduled
+        assert node in scheduled[0]["message"]
+        assert _condition(_pod(kube, namespace, name) or {})["status"] == "True"
+    assert metric(scheduler, "gpu_scheduler_pods_bound_total") == 3
+    assert metric(scheduler, "gpu_scheduler_leader") == 1
+    assert metric(scheduler, "gpu_scheduler_bind_latency_seconds_count") == 3
+
+    # Scale down and up: the replicas come back to the same node and GPUs.
+    cluster.kubectl("scale", "-n", namespace, "statefulset/w", "--replicas=1")
+    wait_for(lambda: _pod(kube, namespace, "w-2") is None and _pod(kube, namespace, "w-1") is None, 60)
+    cluster.kubectl("scale", "-n", namespace, "statefulset/w", "--replicas=3")
+    wait_for(check_all, 60, what="replicas back on their mapped nodes after scaling up")
+    assert metric(scheduler, "gpu_scheduler_pods_bound_total") == 5
+
+    # The endpoints the chart and the README document.
+    status, body = http_get(scheduler, "/health")
+    assert status == 200
+    summary = json.loads(body)
+    assert summary["status"] == "ok"
+    assert summary["leader"] is True
+    assert http_get(scheduler, "/healthz")[0] == 200
+    assert http_get(scheduler, "/readyz")[0] == 200
+    assert http_get(scheduler, "/nope")[0] == 404
+
+
+def test_missing_node_pending_with_event_then_binds_when_created(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    start_scheduler(**SLOW_RETRY)
+    late = f"{namespace}-late"
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("m", f"0={late}:1", 1)))
+    _assert_pending_because(kube, namespace, "m-0", "NodeNotFound", late)
+
+    own_node("late")
+    pod = wait_for(
+        lambda: _running_on(kube, namespace, "m-0"), PROMPT, what="m-0 bound after its node appeared"
+    )
+    assert pod["spec"]["nodeName"] == late
+    assert pod["metadata"]["annotations"][ASSIGNED] == f"{late}:1"
+
+
+def test_gpu_held_by_another_pod_waits_names_the_holder_and_binds_when_freed(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("shared")
+    first = start_scheduler("replica-a")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("a", f"0={node}:2", 1)))
+    wait_for(lambda: _running_on(kube, namespace, "a-0"), 60, what="a-0 Running")
+
+    # A restarted scheduler rebuilds who holds what from the API, not from memory.
+    first.stop()
+    second = start_scheduler("replica-b", GPU_SCHEDULER_BACKOFF_INITIAL="0.5", GPU_SCHEDULER_BACKOFF_MAX="1")
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("b", f"0={node}:1,2", 1))
+    )
+    ev = _assert_pending_because(kube, namespace, "b-0", "GPUInUse", f"{node}:2", f"{namespace}/a-0")
+    assert f"{node}:1 " not in ev["message"]  # GPU 1 is free: only GPU 2 is named
+
+    # Retried every second, but one Event, not one per retry.
+    wait_for(
+        lambda: metric(second, "gpu_scheduler_scheduling_failures_total", 'reason="GPUInUse"') >= 4,
+        30,
+        what="several retries",
+    )
+    assert len(_events(kube, namespace, "b-0", "FailedScheduling")) == 1
+
+    cluster.kubectl("delete", "-n", namespace, "statefulset/a", "--wait=false")
+    pod = wait_for(lambda: _running_on(kube, namespace, "b-0"), PROMPT, what="b-0 bound after a-0 went away")
+    assert pod["spec"]["nodeName"] == node
+    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:1,2"
+
+
+def test_cordoned_node_waits_then_binds_when_uncordoned(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("cordoned", unschedulable=True)
+    start_scheduler(**SLOW_RETRY)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("c", f"0={node}:0", 1)))
+    _assert_pending_because(kube, namespace, "c-0", "NodeUnschedulable", node, "cordoned")
+
+    cluster.kubectl("uncordon", node)
+    pod = wait_for(lambda: _running_on(kube, namespace, "c-0"), PROMPT, what="c-0 bound after uncordon")
+    assert pod["spec"]["nodeName"] == node
+
+
+def test_untolerated_taint_waits_tolerating_pod_binds_then_binds_when_removed(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("tainted", taints=[{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}])
+    start_scheduler(**SLOW_RETRY)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("t", f"0={node}:0", 1)))
+    tolerating = statefulset(
+        "tol",
+        f"0={node}:1",
+        1,
+        tolerations=[{"key": "gpu", "operator": "Equal", "value": "reserved", "effect": "NoSchedule"}],
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(tolerating))
+    _assert_pending_because(kube, namespace, "t-0", "TaintNotTolerated", node, "gpu=reserved:NoSchedule")
+    wait_for(lambda: _running_on(kube, namespace, "tol-0"), 30, what="the tolerating pod bound")
+
+    cluster.kubectl("taint", "nodes", node, "gpu=reserved:NoSchedule-")
+    pod = wait_for(lambda: _running_on(kube, namespace, "t-0"), PROMPT, what="t-0 bound after the taint went")
+    assert pod["spec"]["nodeName"] == node
+
+
+def test_gpu_index_beyond_node_count_waits_then_binds_when_node_reports_more(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("small", gpus=2)
+    start_scheduler(**SLOW_RETRY)
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("g", f"0={node}:1,3", 1))
+    )
+    ev = _assert_pending_because(kube, namespace, "g-0", "GPUIndexOutOfRange", node, "allocatable=2")
+    assert "GPU 3 " in ev["message"]
+
+    # The node now reports 4 GPUs (a device plugin came up, say).
+    patch = {"status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}}
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+    pod = wait_for(lambda: _running_on(kube, namespace, "g-0"), PROMPT, what="g-0 bound once the GPU exists")
+    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:1,3"
+
+
+def test_unusable_maps_are_reported(
+    cluster: Cluster, namespace: str, kube: Any, scheduler: ManagedProcess
+) -> None:
+    def pod(name: str, annotations: dict[str, str]) -> str:
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {
+                    "schedulerName": "gpu-scheduler",
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            }
+        )
+
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pod("bad-0", {"gpu-scheduling-map": "0=node1:x"})
+    )
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pod("solo", {"gpu-scheduling-map": "0=node1:3"})
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pod("plain-0", {}))
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pod("other-5", {"gpu-scheduling-map": "0=node1:3"})
+    )
+    _assert_pending_because(kube, namespace, "bad-0", "InvalidSchedulingMap", "line 1", "'x'")
+    _assert_pending_because(kube, namespace, "solo", "NoOrdinal")
+    _assert_pending_because(kube, namespace, "plain-0", "NoSchedulingMap")
+    _assert_pending_because(kube, namespace, "other-5", "OrdinalNotInMap", "replica 5")
+
+
+def _lease_holder(kube: Any, ns: str) -> str | None:
+    try:
+        resp = client.CoordinationV1Api(kube).read_namespaced_lease(
+            "gpu-scheduler", ns, _preload_content=False
+        )
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return json.loads(resp.data)["spec"].get("holderIdentity")
+
+
+def test_two_replicas_one_leader_binds_each_pod_once_and_the_standby_takes_over(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("ha", gpus=8)
+    a = start_scheduler("replica-a")
+    wait_for(lambda: _lease_holder(kube, namespace) == "replica-a", 30, what="replica-a leads")
+    b = start_scheduler("replica-b")
+    assert health(b)["leader"] is False
+    assert http_get(b, "/readyz")[0] == 200  # a standby is ready
+
+    smap = "\n".join(f"{i}={node}:{i}" for i in range(6))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("ha", smap, 5)))
+    names = [f"ha-{i}" for i in range(5)]
+    wait_for(lambda: all(_running_on(kube, namespace, n) for n in names), 60, what="5 replicas Running")
+    assert _lease_holder(kube, namespace) == "replica-a"
+    assert metric(a, "gpu_scheduler_pods_bound_total") == 5
+    assert metric(b, "gpu_scheduler_pods_bound_total") == 0
+    assert metric(b, "gpu_scheduler_leader") == 0
+    for n in names:
+        assert len(_events(kube, namespace, n, "Scheduled")) == 1, n
+    assert '"msg":"bound"' not in b.log_text()
+
+    # The leader stops (SIGTERM releases the Lease): the standby takes over and binds.
+    a.stop()
+    wait_for(lambda: _lease_holder(kube, namespace) == "replica-b", 30, what="replica-b takes the Lease")
+    cluster.kubectl("scale", "-n", namespace, "statefulset/ha", "--replicas=6")
+    pod = wait_for(lambda: _running_on(kube, namespace, "ha-5"), 30, what="ha-5 bound by the new leader")
+    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:5"
+    assert metric(b, "gpu_scheduler_pods_bound_total") == 1
+    assert metric(b, "gpu_scheduler_leader") == 1
