@@ -150,14 +150,19 @@ class LeaderElector:
         # Still leading here: the caller stops its workers, then calls release().
 
     def _maybe_lose(self) -> None:
+        """Stop leading when another holder took the Lease, or when renewing failed for too long."""
+        other = self._observed.holder if self._observed else ""
+        taken = bool(other) and other != self.identity
         with self._lock:
-            lost = self._leading and self._clock() - self._renewed_at >= self.renew_deadline
+            lost = self._leading and (taken or self._clock() - self._renewed_at >= self.renew_deadline)
             if lost:
                 self._leading = False
         if lost:
             log.warning(
-                "lost the lease: could not renew within the deadline, standing by",
-                extra={"lease": f"{self.namespace}/{self.name}"},
+                f"lost the lease to {other}, standing by"
+                if taken
+                else "lost the lease: could not renew within the deadline, standing by",
+                extra={"lease": f"{self.namespace}/{self.name}", "holder": other},
             )
             self._on_stopped()
 

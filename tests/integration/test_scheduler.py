@@ -9,6 +9,7 @@ uses the session's node1..node3.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -311,3 +312,38 @@ def test_two_replicas_one_leader_binds_each_pod_once_and_the_standby_takes_over(
     assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:5"
     assert metric(b, "gpu_scheduler_pods_bound_total") == 1
     assert metric(b, "gpu_scheduler_leader") == 1
+
+
+def test_leader_whose_lease_is_taken_stops_binding_at_once_and_retakes_an_abandoned_lease(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    node = own_node("steal")
+    timings = {
+        "GPU_SCHEDULER_LEASE_DURATION": "8",
+        "GPU_SCHEDULER_RENEW_DEADLINE": "5",
+        "GPU_SCHEDULER_RETRY_PERIOD": "1",
+    }
+    a = start_scheduler("replica-a", **timings)
+    wait_for(lambda: _lease_holder(kube, namespace) == "replica-a", 30, what="replica-a leads")
+
+    # Someone else writes the Lease (a replica we cannot see, a partition healing...).
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000001Z", time.gmtime())
+    patch = {"spec": {"holderIdentity": "intruder", "renewTime": now, "acquireTime": now}}
+    cluster.kubectl(
+        "patch", "lease", "gpu-scheduler", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+    )
+    wait_for(lambda: health(a)["leader"] is False, 5, interval=0.2, what="replica-a stands by")
+    assert metric(a, "gpu_scheduler_leader") == 0
+
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("s", f"0={node}:0", 1)))
+    time.sleep(2)
+    current = _pod(kube, namespace, "s-0")
+    assert current is not None
+    assert not current["spec"].get("nodeName"), "a replica that lost its Lease bound a pod"
+
+    # The intruder never renews: once its Lease expires replica-a takes it back and binds.
+    wait_for(
+        lambda: _running_on(kube, namespace, "s-0"), 30, what="s-0 bound after replica-a retook the Lease"
+    )
+    assert _lease_holder(kube, namespace) == "replica-a"
+    assert metric(a, "gpu_scheduler_leader") == 1
