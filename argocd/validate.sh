@@ -3,9 +3,10 @@
 #   1. fetch the Argo CD CRDs of the pinned release (ARGOCD_VERSION in
 #      tools/versions.env) from its Go module into the tool cache (not committed),
 #   2. install them (server-side apply) into the cluster of $KUBECONFIG,
-#   3. `kubectl apply --dry-run=server` every manifest here (the apiserver checks them
-#      against the CRDs' OpenAPI schemas and runs admission; nothing is persisted
-#      except the CRDs and the argocd namespace).
+#   3. `kubectl apply --dry-run=server --validate=strict` every manifest here: the
+#      apiserver checks them against the CRDs' OpenAPI schemas, rejects unknown
+#      fields and runs admission; nothing is persisted except the CRDs and the
+#      argocd namespace.
 #
 # Usage: argocd/validate.sh              (needs KUBECONFIG, kubectl, go)
 #        argocd/validate.sh --crd-dir    (only fetch; print the CRD folder)
@@ -48,13 +49,21 @@ if [ "${1:-}" = "--crd-dir" ]; then echo "$crd_dir"; exit 0; fi
 log "installing the Argo CD $ARGOCD_VERSION CRDs"
 # Server-side: the ApplicationSet CRD is too large for the last-applied annotation.
 "$KUBECTL" apply --server-side --force-conflicts -f "$crd_dir" >&2
-"$KUBECTL" wait --for condition=established --timeout=60s \
-  crd/applications.argoproj.io crd/applicationsets.argoproj.io crd/appprojects.argoproj.io >&2
+# (kubectl wait fails outright while a new CRD has no status yet: poll instead.)
+for crd in applications.argoproj.io applicationsets.argoproj.io appprojects.argoproj.io; do
+  for _ in $(seq 120); do
+    established=$("$KUBECTL" get crd "$crd" \
+      -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null || true)
+    [ "$established" = True ] && break
+    sleep 0.5
+  done
+  [ "$established" = True ] || { log "CRD $crd is not Established"; exit 1; }
+done
 "$KUBECTL" get namespace argocd >/dev/null 2>&1 || "$KUBECTL" create namespace argocd >&2
 
 status=0
 for f in "$here"/*.yaml; do
-  if out=$("$KUBECTL" apply --dry-run=server -f "$f" 2>&1); then
+  if out=$("$KUBECTL" apply --dry-run=server --validate=strict -f "$f" 2>&1); then
     log "ok   $(basename "$f"): $out"
   else
     log "FAIL $(basename "$f"): $out"

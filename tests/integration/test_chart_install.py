@@ -1,0 +1,166 @@
+"""Both charts installed into the local control plane: every ci/ scenario with
+`helm upgrade --install` (no --wait: nothing runs the images here), the objects exist,
+the RBAC grants what the scheduler needs, and the helm test commands are readable.
+
+The cert-manager scenario needs cert-manager's CRDs, which the local control plane does
+not have: its rendered objects minus the cert-manager.io ones go through a server-side
+dry-run instead, and the Issuer/Certificate objects are checked offline
+(tests/unit/test_chart_validate.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster.cluster import Cluster
+from localcluster.release import release_status, webhook_host_values
+from tests.integration.fixtures_chart import (
+    CHECK_CHART,
+    SCHEDULER_CHART,
+    ci_values,
+    hook_commands,
+    is_hook,
+    template,
+)
+
+SCHEDULER_SCENARIOS = [f for f in ci_values(SCHEDULER_CHART) if "cert-manager" not in f.name]
+CERT_MANAGER = SCHEDULER_CHART / "ci" / "webhook-cert-manager-values.yaml"
+
+
+def isolate_webhooks(values: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """Scope the webhook configurations to the release namespace, which they also exclude:
+    they match nothing, so no other test's pods are sent to a webhook that does not run."""
+    if values.get("webhook", {}).get("enabled"):
+        values["webhook"]["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    return values
+
+
+def manifest_objects(cluster: Cluster, release: str, namespace: str) -> list[dict[str, Any]]:
+    text = cluster.helm("get", "manifest", release, "--namespace", namespace).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def assert_objects_exist(cluster: Cluster, docs: list[dict[str, Any]], namespace: str) -> None:
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        args = [
+            "get",
+            f"{kind}.{doc['apiVersion'].split('/')[0]}" if "/" in doc["apiVersion"] else kind,
+            name,
+        ]
+        if doc["metadata"].get("namespace"):
+            args += ["-n", doc["metadata"]["namespace"]]
+        res = cluster.kubectl(*args, "-o", "name", check=False)
+        assert res.returncode == 0, f"{kind}/{name} missing: {res.stderr}"
+
+
+@pytest.mark.parametrize("values_file", SCHEDULER_SCENARIOS, ids=lambda p: p.name)
+def test_scheduler_chart_scenario_installs(
+    cluster: Cluster, namespace: str, helm_release: Callable[..., str], values_file: Path
+) -> None:
+    values = isolate_webhooks(yaml.safe_load(values_file.read_text()) or {}, namespace)
+    release = helm_release(f"gs-{namespace}", namespace, values, SCHEDULER_CHART)
+    status = release_status(cluster, release, namespace)
+    assert status and status["info"]["status"] == "deployed"
+    docs = manifest_objects(cluster, release, namespace)
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "Role"} <= {d["kind"] for d in docs}
+    assert_objects_exist(cluster, docs, namespace)
+    commands = hook_commands(cluster, release, namespace)
+    assert commands and all(c.argv[0] == "gpu-scheduler-check" and c.argv[1] == "http-get" for c in commands)
+    assert commands[0].argv[2] == f"http://{release}-gpu-scheduler.{namespace}.svc:8080/healthz"
+    if values.get("webhook", {}).get("enabled"):
+        assert any(c.argv[2].startswith("https://") and "--cafile" in c.argv for c in commands)
+
+
+def test_cert_manager_scenario_passes_server_dry_run(cluster: Cluster, namespace: str) -> None:
+    values = isolate_webhooks(yaml.safe_load(CERT_MANAGER.read_text()), namespace)
+    res = template(SCHEDULER_CHART, values=values, release=f"cm-{namespace}", namespace=namespace)
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d and not is_hook(d)]
+    cert_manager = [d for d in docs if d["apiVersion"].startswith("cert-manager.io/")]
+    assert {d["kind"] for d in cert_manager} == {"Issuer", "Certificate"}
+    rest = [d for d in docs if d not in cert_manager]
+    out = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=yaml.safe_dump_all(rest)
+    )
+    assert "(server dry run)" in out.stdout
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHECK_CHART), ids=lambda p: p.name)
+def test_check_chart_scenario_installs(
+    cluster: Cluster, namespace: str, helm_release: Callable[..., str], values_file: Path
+) -> None:
+    values = yaml.safe_load(values_file.read_text()) or {}
+    release = helm_release(f"gc-{namespace}", namespace, values, CHECK_CHART)
+    docs = manifest_objects(cluster, release, namespace)
+    assert {"StatefulSet", "Service", "ServiceAccount"} <= {d["kind"] for d in docs}
+    assert_objects_exist(cluster, docs, namespace)
+    sts = json.loads(cluster.kubectl("get", "statefulset", "-n", namespace, "-o", "json").stdout)["items"][0]
+    assert sts["spec"]["template"]["spec"]["schedulerName"] == values.get("schedulerName", "gpu-scheduler")
+    (command,) = hook_commands(cluster, release, namespace)
+    assert command.argv == [
+        "gpu-scheduler-check",
+        "verify-release",
+        "--namespace",
+        namespace,
+        "--selector",
+        f"app.kubernetes.io/name=gpu-scheduler-check,app.kubernetes.io/instance={release}",
+    ]
+
+
+def test_webhook_url_mode_install_and_rbac(
+    cluster: Cluster, namespace: str, helm_release: Callable[..., str]
+) -> None:
+    """What the tests and the demo install: the webhook outside the cluster, no scheduler pod."""
+    values = isolate_webhooks(webhook_host_values("https://127.0.0.1:9", cluster.ca_bundle()), namespace)
+    release = helm_release(f"gu-{namespace}", namespace, values, SCHEDULER_CHART)
+    docs = manifest_objects(cluster, release, namespace)
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
+    mutating = json.loads(
+        cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", f"{release}-gpu-scheduler-webhook", "-o", "json"
+        ).stdout
+    )
+    assert mutating["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9/mutate"
+    sa = f"system:serviceaccount:{namespace}:{release}-gpu-scheduler"
+    lease = f"{release}-gpu-scheduler"
+    allowed = [
+        ("create", "pods/binding", None),
+        ("patch", "pods", None),
+        ("watch", "pods", None),
+        ("patch", "pods/status", None),
+        ("list", "nodes", None),
+        ("get", "nodes", None),
+        ("create", "events.events.k8s.io", None),
+        ("create", "leases.coordination.k8s.io", namespace),
+        ("update", f"leases.coordination.k8s.io/{lease}", namespace),
+    ]
+    denied = [
+        ("delete", "pods", None),
+        ("create", "pods", None),
+        ("update", "nodes", None),
+        ("get", "secrets", None),
+        ("update", "leases.coordination.k8s.io/someone-else", namespace),
+        ("create", "leases.coordination.k8s.io", "kube-system"),
+    ]
+    for verb, resource, ns in allowed + denied:
+        scope = ["-n", ns] if ns else ["--all-namespaces"]
+        what, _, sub = resource.partition("/") if resource.startswith("pods/") else (resource, "", "")
+        if sub:
+            scope.append(f"--subresource={sub}")
+        res = cluster.kubectl("auth", "can-i", verb, what, f"--as={sa}", *scope, check=False)
+        expected = "yes" if (verb, resource, ns) in allowed else "no"
+        assert res.stdout.strip() == expected, f"can-i {verb} {resource} ({ns}): {res.stdout}{res.stderr}"
