@@ -72,7 +72,9 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
                 "ordinal": ordinal,
                 "pod": meta["name"],
                 "node": node,
-                "gpus": (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION, "-"),
+                # What the scheduler recorded ("node1:0,1"): the GPUs it holds for the pod.
+                "gpus": (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION, "-:-").partition(":")[2]
+                or "-",
                 "cuda": cuda,
                 "phase": phase,
                 "expected": str(entry) if entry else "(no entry)",
