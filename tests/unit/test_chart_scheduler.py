@@ -659,3 +659,25 @@ def test_chart_metadata() -> None:
     assert meta["type"] == "application"
     res = template(CHART, kube_version="1.30.0")
     assert res.returncode != 0 and "kubeVersion" in res.stderr
+
+
+@pytest.mark.parametrize("chart", [SCHEDULER_CHART, SCHEDULER_CHART.parent / "gpu-scheduler-check-chart"])
+def test_docs_list_every_value(chart: Path) -> None:
+    import yaml
+
+    docs = (SCHEDULER_CHART.parent / "docs" / "charts.md").read_text()
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    free_form = {
+        "resources",
+        "podSecurityContext",
+        "securityContext",
+        "nodeSelector",
+        "podAnnotations",
+        "podLabels",
+    }
+    for key, value in values.items():
+        if isinstance(value, dict) and value and key not in free_form:
+            for sub in value:
+                assert f"`{key}.{sub}" in docs, f"{key}.{sub} missing from docs/charts.md"
+        else:
+            assert f"`{key}`" in docs, f"{key} missing from docs/charts.md"
