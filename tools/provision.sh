@@ -26,7 +26,7 @@ log() { printf '[provision] %s\n' "$*" >&2; }
 k8s_dir="$CACHE/kubernetes-$KUBERNETES_VERSION"
 etcd_dir="$CACHE/etcd-$ETCD_VERSION-k8s-$KUBERNETES_VERSION"
 kwok_dir="$CACHE/kwok-$KWOK_VERSION"
-helm_dir="$CACHE/helm-$HELM_VERSION"
+helm_dir="$CACHE/helm-$HELM_VERSION-r2"
 ct_dir="$CACHE/ct-$CT_VERSION"
 
 print_bin_dirs() {
@@ -157,8 +157,15 @@ build_helm() {
   [ -f "$helm_dir/.done" ] && return
   check_go
   log "building helm $HELM_VERSION"
+  # helm's default Kubernetes version (for `helm template`/`lint` without a cluster) is
+  # stamped by its release build from the client-go it links; do the same, or it says 1.20.
+  local minor x=""
+  minor=$(curl_mod helm.sh/helm/v3 "$HELM_VERSION" | awk '$1=="k8s.io/client-go"{print $2}' | cut -d. -f2)
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
+  done
   go_install "$helm_dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean$x"
   "$helm_dir/bin/helm" version --short >&2
   touch "$helm_dir/.done"
 }

@@ -172,7 +172,11 @@ def test_verify_release_helm_test() -> None:
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
     role = one(hooks, "Role")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
+    # Least privilege: read the pods, and the StatefulSet for its replica count; nothing else.
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
+    ]
     binding = one(hooks, "RoleBinding")
     sa = one(hooks, "ServiceAccount")
     assert binding["subjects"] == [
