@@ -347,3 +347,31 @@ def test_leader_whose_lease_is_taken_stops_binding_at_once_and_retakes_an_abando
     )
     assert _lease_holder(kube, namespace) == "replica-a"
     assert metric(a, "gpu_scheduler_leader") == 1
+
+
+def test_event_series_updates_are_accepted_by_the_apiserver(
+    cluster: Cluster, namespace: str, kube: Any
+) -> None:
+    from scheduler.events import EventRecorder
+
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("ev", "0=nowhere:0", 1))
+    )
+    target = wait_for(lambda: _pod(kube, namespace, "ev-0"), 30, what="pod ev-0")
+    rec = EventRecorder(client.EventsV1Api(kube), "gpu-scheduler", "test", refresh=0)
+    rec.start()
+    try:
+        for _ in range(3):
+            rec.warning(target, "FailedScheduling", "NodeNotFound: node 'nowhere' does not exist")
+    finally:
+        rec.stop()
+
+    [event] = [
+        e
+        for e in json.loads(
+            client.EventsV1Api(kube).list_namespaced_event(namespace, _preload_content=False).data
+        )["items"]
+        if e["regarding"]["name"] == "ev-0" and e["reportingInstance"] == "test"
+    ]
+    assert event["series"]["count"] == 3
+    assert event["note"] == "NodeNotFound: node 'nowhere' does not exist"
