@@ -62,6 +62,13 @@ def tool(name: str) -> Path:
     raise FileNotFoundError(f"{name} is not built yet: run `make tools` (tools/provision.sh)")
 
 
+class CommandFailed(subprocess.CalledProcessError):
+    """A kubectl/helm call failed; its message carries the tool's own stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or '').strip()}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -301,7 +308,7 @@ class Cluster:
         )
         # kube-controller-manager creates the default ServiceAccount in every namespace;
         # pods are refused until it exists, so wait for the first one.
-        self._wait(
+        self.wait_until(
             lambda: self._ok("get", "serviceaccount", "default", "-n", "default"), timeout, "default SA"
         )
 
@@ -399,7 +406,7 @@ class Cluster:
             timeout=120,
         )
         if check and res.returncode != 0:
-            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+            raise CommandFailed(res.returncode, res.args, res.stdout, res.stderr)
         return res
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -411,7 +418,7 @@ class Cluster:
             [str(tool("helm")), *args], check=False, capture_output=True, text=True, env=env, timeout=300
         )
         if check and res.returncode != 0:
-            raise subprocess.CalledProcessError(res.returncode, res.args, res.stdout, res.stderr)
+            raise CommandFailed(res.returncode, res.args, res.stdout, res.stderr)
         return res
 
     def apply(self, manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]] | str) -> str:
@@ -426,7 +433,8 @@ class Cluster:
     def _ok(self, *args: str) -> bool:
         return self.kubectl(*args, check=False).returncode == 0
 
-    def _wait(self, cond: Any, timeout: float, what: str, interval: float = 0.2) -> None:
+    def wait_until(self, cond: Any, timeout: float, what: str, interval: float = 0.2) -> None:
+        """Poll ``cond`` until true; fail at once if a control-plane component died."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in self.procs.values():
@@ -478,7 +486,7 @@ class Cluster:
             )
             return res.returncode == 0 and res.stdout.strip() == "True"
 
-        self._wait(ready, timeout, f"node {name} Ready")
+        self.wait_until(ready, timeout, f"node {name} Ready")
 
     # ---------------------------------------------------------------- identities
     def service_account_kubeconfig(

@@ -12,12 +12,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubernetes.utils import parse_quantity
-
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
+from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
 
-GPU_RESOURCE = "nvidia.com/gpu"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
@@ -145,22 +143,7 @@ def ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def gpu_count(node: Mapping[str, Any]) -> int | None:
     """``status.allocatable["nvidia.com/gpu"]`` (else capacity) as an integer; None when not reported."""
-    status = node.get("status") or {}
-    raw = (status.get("allocatable") or {}).get(GPU_RESOURCE)
-    if raw is None:
-        raw = (status.get("capacity") or {}).get(GPU_RESOURCE)
-    if raw is None:
-        return None
-    return _quantity_int(str(raw))
-
-
-def _quantity_int(raw: str) -> int | None:
-    """A resource quantity ("4", "4000m", "1k") as a whole number; None when unreadable."""
-    try:
-        value = parse_quantity(raw)
-    except (ValueError, TypeError, ArithmeticError):
-        return None
-    return int(value) if value >= 0 else None
+    return node_gpus(node.get("status"))
 
 
 def node_signature(node: Mapping[str, Any] | None) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, POD_INDEX_LABEL
+from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, gpu_requesting_containers
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import BindOutcome, PodWriter
 from scheduler.checks import GPU_IN_USE, Decision, Refusal, evaluate, node_signature
@@ -42,6 +43,8 @@ log = logging.getLogger("gpu_scheduler")
 
 FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
+# Warning on a bound pod that also requests nvidia.com/gpu (the device-plugin renumbering pitfall).
+GPU_RESOURCE_REQUESTED = "GPUResourceRequested"
 
 
 def is_pending(pod: Mapping[str, Any]) -> bool:
@@ -316,6 +319,14 @@ class Scheduler:
                 SCHEDULED,
                 f"Successfully assigned {key} to {entry.node} with GPUs {entry.devices} (replica {entry.ordinal})",
             )
+            requesters = gpu_requesting_containers(pod.get("spec"))
+            if requesters:
+                # The webhook warned at admission (or denied); say it again where `kubectl describe` shows it.
+                self.events.warning(
+                    pod,
+                    GPU_RESOURCE_REQUESTED,
+                    f"containers {', '.join(requesters)} also request {GPU_RESOURCE}: {PITFALL_ADVICE}",
+                )
         log.info(
             "already bound" if already else "bound",
             extra={

@@ -57,13 +57,12 @@ def namespace(cluster: Cluster) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
-    cluster.kubectl(
-        "wait",
-        "--for=jsonpath={.metadata.name}=default",
-        "serviceaccount/default",
-        "-n",
-        name,
-        "--timeout=60s",
+    # The controller-manager creates the default ServiceAccount shortly after the namespace;
+    # pods are refused until it exists.
+    cluster.wait_until(
+        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+        what=f"ServiceAccount {name}/default",
     )
     try:
         yield name

@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.utils import parse_quantity
+
+from gpu_scheduling.resources import GPU_RESOURCE, quantity_int
 
 log = logging.getLogger("webhook.nodes")
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # Keep well inside the apiserver's webhook timeout (10 s by default).
 REQUEST_TIMEOUT = (2.0, 3.0)
 
@@ -43,13 +43,7 @@ class NodeLookup(Protocol):
 
 def gpus_of(allocatable: dict[str, Any] | None) -> int | None:
     """``nvidia.com/gpu`` from a node's allocatable map, as an integer."""
-    raw = (allocatable or {}).get(GPU_RESOURCE)
-    if raw is None:
-        return None
-    try:
-        return int(parse_quantity(raw))
-    except (ValueError, ArithmeticError):
-        return None
+    return quantity_int((allocatable or {}).get(GPU_RESOURCE))
 
 
 class KubeNodeLookup:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, requests_gpu
 from webhook.review import BadRequest, dict_at, list_at
 
-GPU_RESOURCE = "nvidia.com/gpu"
 # Init containers first: the order in which the kubelet runs them, and the order of the patch.
 CONTAINER_LISTS = ("initContainers", "containers")
 # Kubernetes truncates admission warnings longer than this.
@@ -26,31 +26,22 @@ def containers(spec: dict[str, Any], where: str, uid: str) -> Iterator[tuple[str
             yield list_name, index, container
 
 
-def _nonzero(quantity: Any) -> bool:
-    # "0", "0.0", "" and the like request nothing; anything else ("1", "2", "500m") is a request.
-    return str(quantity).strip().strip("0.") != ""
-
-
 def gpu_requesters(spec: dict[str, Any], where: str, uid: str) -> list[str]:
     """Names of the containers that request or limit ``nvidia.com/gpu`` (a non-zero amount)."""
     names: list[str] = []
     for list_name, index, container in containers(spec, where, uid):
         resources = dict_at(container, "resources", f"{where}.{list_name}[{index}].resources", uid)
-        for part in ("requests", "limits"):
-            amounts = dict_at(resources, part, f"{where}.{list_name}[{index}].resources.{part}", uid)
-            if _nonzero(amounts.get(GPU_RESOURCE, 0)):
-                name = container.get("name")
-                names.append(name if isinstance(name, str) and name else f"{list_name}[{index}]")
-                break
+        for part in ("requests", "limits"):  # malformed parts are a 400 naming the path
+            dict_at(resources, part, f"{where}.{list_name}[{index}].resources.{part}", uid)
+        if requests_gpu(resources):
+            name = container.get("name")
+            names.append(name if isinstance(name, str) and name else f"{list_name}[{index}]")
     return names
 
 
 def gpu_resource_warning(names: list[str], subject: str = "this pod") -> str:
     """One admission warning (<= 256 characters) about the device-plugin renumbering pitfall."""
-    advice = (
-        "the device plugin then picks the GPUs and renumbers them from 0 in the container, so the "
-        f"gpu-scheduling-map indices would point at the wrong GPU; drop the {GPU_RESOURCE} request"
-    )
+    advice = PITFALL_ADVICE
     # As many container names as fit; the explanation itself is never cut.
     for count, width in ((len(names), 63), (3, 24), (2, 16), (1, 16)):
         shown = ", ".join(repr(n[:width]) for n in names[:count]) + (", ..." if len(names) > count else "")

@@ -1,0 +1,57 @@
+"""The device-plugin pitfall is said loudly where `kubectl describe pod` shows it: a Warning event."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+from localcluster.cluster import Cluster
+from localcluster.procs import ManagedProcess
+from tests.integration.fixtures_scheduler import statefulset, wait_for
+
+
+def _events(kube: Any, ns: str, pod: str, reason: str) -> list[dict[str, Any]]:
+    resp = client.CoreV1Api(kube).list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={pod},reason={reason}", _preload_content=False
+    )
+    return list(json.loads(resp.data)["items"])
+
+
+def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
+    cluster: Cluster, namespace: str, kube: Any, scheduler: ManagedProcess
+) -> None:
+    node = f"{namespace}-gpu"
+    cluster.add_gpu_node(node, gpus=4)
+    try:
+        gpu_request = {"limits": {"nvidia.com/gpu": "1"}}
+        sts = statefulset("dp", f"0={node}:3", 1)
+        sts["spec"]["template"]["spec"]["containers"][0]["resources"] = gpu_request
+        plain = statefulset("plain", f"0={node}:1", 1)
+        cluster.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [sts, plain]}),
+        )
+
+        warning = wait_for(
+            lambda: _events(kube, namespace, "dp-0", "GPUResourceRequested"), 60, what="pitfall event"
+        )[0]
+        assert warning["type"] == "Warning"
+        assert "main" in warning["message"] and "renumbers them from 0" in warning["message"]
+        # It is still placed as the map says (warn, not deny, is the scheduler's part) ...
+        pod = client.CoreV1Api(kube).read_namespaced_pod("dp-0", namespace)
+        assert pod.spec.node_name == node
+        # ... and a pod without the request gets no such event.
+        wait_for(
+            lambda: client.CoreV1Api(kube).read_namespaced_pod("plain-0", namespace).spec.node_name,
+            60,
+            what="plain-0 bound",
+        )
+        assert _events(kube, namespace, "plain-0", "GPUResourceRequested") == []
+    finally:
+        cluster.delete_node(node)
