@@ -14,7 +14,6 @@ COPY pyproject.toml README.md ./
 COPY gpu_scheduling/ gpu_scheduling/
 COPY scheduler/ scheduler/
 COPY webhook/ webhook/
-COPY localcluster/ localcluster/
 # pip compiles the .pyc files here, so nothing is written at run time.
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && python -m venv /opt/venv \

@@ -49,6 +49,20 @@ def chart_service_account(cluster: Cluster) -> str:
     return out
 
 
+def chart_lease_name(cluster: Cluster) -> str:
+    """The Lease the chart's Role lets the scheduler update (its only named lease)."""
+    roles = yaml.safe_load(
+        cluster.kubectl(
+            "get", "roles", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "yaml"
+        ).stdout
+    )
+    for role in roles["items"]:
+        for rule in role.get("rules") or []:
+            if "leases" in rule.get("resources", []) and rule.get("resourceNames"):
+                return str(rule["resourceNames"][0])
+    raise RuntimeError(f"the chart created no Role naming a Lease in {SYSTEM_NS}")
+
+
 def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
     selector = ",".join(f"{k}={v}" for k, v in sts["spec"]["selector"]["matchLabels"].items())
     pods = yaml.safe_load(cluster.kubectl("get", "pods", "-n", DEMO_NS, "-l", selector, "-o", "yaml").stdout)
@@ -134,7 +148,11 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
         procs.append(webhook)
         scheduler = run_scheduler(
             sa_kubeconfig,
-            env={"GPU_SCHEDULER_LEASE_NAMESPACE": SYSTEM_NS, "POD_NAMESPACE": SYSTEM_NS},
+            env={
+                "GPU_SCHEDULER_LEASE_NAME": chart_lease_name(cluster),
+                "GPU_SCHEDULER_LEASE_NAMESPACE": SYSTEM_NS,
+                "POD_NAMESPACE": SYSTEM_NS,
+            },
             log_path=logs / "scheduler.log",
         )
         procs.append(scheduler)
