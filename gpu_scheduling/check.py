@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 from gpu_scheduling import logs, nvml
+from gpu_scheduling.argtypes import non_negative_float, non_negative_int
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, parse
 
@@ -751,26 +752,6 @@ def cmd_http_get(args: argparse.Namespace) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 
-def _positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if f < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is negative")
-    return f
-
-
-def _count(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is negative")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-scheduler-check",
@@ -782,8 +763,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify-release", help="through the API: every selected pod placed as its map says")
     v.add_argument("--namespace", "-n", required=True)
     v.add_argument("--selector", "-l", required=True, help="label selector of the release's pods")
-    v.add_argument("--timeout", type=_positive_float, default=120.0, help="seconds to wait for convergence")
-    v.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between attempts")
+    v.add_argument(
+        "--timeout", type=non_negative_float, default=120.0, help="seconds to wait for convergence"
+    )
+    v.add_argument("--interval", type=non_negative_float, default=2.0, help="seconds between attempts")
     v.add_argument(
         "--mode", choices=["auto", *MODES], default="auto", help="injection mode; auto: per container"
     )
@@ -792,9 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("url")
     h.add_argument("--cafile", help="CA bundle to verify an https:// server with")
     h.add_argument("--expect", type=int, default=200, help="status code wanted (default 200)")
-    h.add_argument("--timeout", type=_positive_float, default=5.0, help="seconds per attempt")
-    h.add_argument("--retries", type=_count, default=3, help="attempts after the first")
-    h.add_argument("--delay", type=_positive_float, default=2.0, help="seconds between attempts")
+    h.add_argument("--timeout", type=non_negative_float, default=5.0, help="seconds per attempt")
+    h.add_argument("--retries", type=non_negative_int, default=3, help="attempts after the first")
+    h.add_argument("--delay", type=non_negative_float, default=2.0, help="seconds between attempts")
     return parser
 
 

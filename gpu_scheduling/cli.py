@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from gpu_scheduling.argtypes import non_negative_int
 from gpu_scheduling.manifest import (
     DEFAULT_SCHEDULER_NAME,
     FoundMap,
@@ -287,16 +288,6 @@ def _print_tables(inputs: Sequence[InputReport], out: TextIO) -> None:
                 print(row, file=out)
 
 
-def _non_negative(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is negative")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-scheduler-map",
@@ -313,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--format", choices=["table", "json"], default="table", help="stdout format")
     v.add_argument(
         "--replicas",
-        type=_non_negative,
+        type=non_negative_int,
         help="warn about ordinals the map lacks for this many replicas "
         "(StatefulSets: spec.replicas is used when this is not given)",
     )

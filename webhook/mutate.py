@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_scheduling.podinfo import entry_for, map_text
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
-from webhook.podspec import containers, gpu_requesters, gpu_resource_denial, gpu_resource_warning
+from webhook.podspec import containers, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from webhook.settings import InjectionMode, Settings
 
@@ -106,13 +106,13 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
         return Verdict.deny(400, message)
 
     warnings: list[str] = []
-    requesters = gpu_requesters(spec, "spec", req.uid)
-    if requesters:
-        if settings.gpu_resource_policy == "deny":
-            log.info("denied: pod requests nvidia.com/gpu", extra={**ctx, "containers": requesters})
-            return Verdict.deny(403, gpu_resource_denial(requesters))
-        log.warning("pod requests nvidia.com/gpu next to a map", extra={**ctx, "containers": requesters})
-        warnings.append(gpu_resource_warning(requesters))
+    denial, warning = gpu_resource_policy(
+        spec, "spec", req.uid, settings.gpu_resource_policy, "this pod", log, ctx
+    )
+    if denial:
+        return denial
+    if warning:
+        warnings.append(warning)
 
     if ordinal is None:
         warnings.append(

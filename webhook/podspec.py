@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, requests_gpu
-from webhook.review import BadRequest, dict_at, list_at
+from webhook.review import BadRequest, Verdict, dict_at, list_at
 
 # Init containers first: the order in which the kubelet runs them, and the order of the patch.
 CONTAINER_LISTS = ("initContainers", "containers")
@@ -61,3 +62,24 @@ def gpu_resource_denial(names: list[str]) -> str:
         f"Remove the {GPU_RESOURCE} requests/limits (the map already reserves the GPUs), or ask the "
         "operator to set WEBHOOK_GPU_RESOURCE_POLICY=warn"
     )
+
+
+def gpu_resource_policy(
+    spec: dict[str, Any],
+    where: str,
+    uid: str,
+    policy: str,
+    subject: str,
+    log: logging.Logger,
+    ctx: dict[str, Any],
+) -> tuple[Verdict | None, str | None]:
+    """WEBHOOK_GPU_RESOURCE_POLICY for a pod spec at ``where``: ``(denial, None)``,
+    ``(None, warning)``, or ``(None, None)`` when no container asks the device plugin for GPUs."""
+    requesters = gpu_requesters(spec, where, uid)
+    if not requesters:
+        return None, None
+    if policy == "deny":
+        log.info(f"denied: {subject} requests {GPU_RESOURCE}", extra={**ctx, "containers": requesters})
+        return Verdict.deny(403, gpu_resource_denial(requesters)), None
+    log.warning(f"{subject} requests {GPU_RESOURCE} next to a map", extra={**ctx, "containers": requesters})
+    return None, gpu_resource_warning(requesters, subject=subject)

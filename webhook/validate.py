@@ -16,7 +16,7 @@ from typing import Any
 from gpu_scheduling.podinfo import map_text
 from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
 from webhook.nodes import NodeLookup, NodeLookupUnavailable
-from webhook.podspec import MAX_WARNING, gpu_requesters, gpu_resource_denial, gpu_resource_warning
+from webhook.podspec import MAX_WARNING, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, str_dict_at
 from webhook.settings import Settings
 
@@ -134,12 +134,13 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
 
     pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
     warnings: list[str] = []
-    requesters = gpu_requesters(pod_spec, "spec.template.spec", req.uid)
-    if requesters:
-        if settings.gpu_resource_policy == "deny":
-            log.info("denied: pod template requests nvidia.com/gpu", extra={**ctx, "containers": requesters})
-            return Verdict.deny(403, gpu_resource_denial(requesters))
-        warnings.append(gpu_resource_warning(requesters, subject="the pod template"))
+    denial, warning = gpu_resource_policy(
+        pod_spec, "spec.template.spec", req.uid, settings.gpu_resource_policy, "the pod template", log, ctx
+    )
+    if denial:
+        return denial
+    if warning:
+        warnings.append(warning)
 
     replicas = _int_at(spec, "replicas", 1, "spec.replicas", req.uid)
     ordinals = dict_at(spec, "ordinals", "spec.ordinals", req.uid)
