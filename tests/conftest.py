@@ -7,6 +7,7 @@ runs the fast suite alone.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, versions
 
 # Fixture modules of the components (tests/integration/fixtures_*.py), registered here.
 pytest_plugins = sorted(
@@ -41,11 +42,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+_SERVED_VERSION: list[str] = []
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    v = versions()
+    return [
+        f"local control plane: kube-apiserver {v['KUBERNETES_VERSION']}, etcd {v['ETCD_VERSION']}, "
+        f"kwok {v['KWOK_VERSION']}, helm {v['HELM_VERSION']} (pinned in tools/versions.env)"
+    ]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SERVED_VERSION:
+        terminalreporter.write_line(
+            f"local control plane: the tests ran against kube-apiserver {_SERVED_VERSION[0]} (GET /version)"
+        )
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A running control plane: etcd, kube-apiserver, KCM, kube-scheduler, kwok; node1..node3 with 4 GPUs."""
     workdir = tmp_path_factory.mktemp("cluster")
     c = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4)
+    _SERVED_VERSION.append(json.loads(c.kubectl("get", "--raw", "/version").stdout)["gitVersion"])
     try:
         yield c
     finally:
