@@ -14,6 +14,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -121,16 +122,19 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         "identity": default_identity(env),
     }
     kinds = {"int": int, "float": float}
+
+    def convert(source: str, raw: str, kind: str) -> Any:
+        """A raw setting as its field's type; errors name ``source`` (the env var or the flag)."""
+        if kind == "bool":
+            return _bool(source, raw)
+        if kind in kinds:
+            return _number(source, raw, kinds[kind])
+        return raw
+
     for field, env_name, _flag, kind, _help in _OPTIONS:
         raw = env.get(env_name)
-        if raw is None or raw == "":
-            continue
-        if kind == "bool":
-            values[field] = _bool(env_name, raw)
-        elif kind in kinds:
-            values[field] = _number(env_name, raw, kinds[kind])
-        else:
-            values[field] = raw
+        if raw:
+            values[field] = convert(env_name, raw, kind)
 
     parser = argparse.ArgumentParser(
         prog="gpu-scheduler",
@@ -140,14 +144,7 @@ def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         parser.add_argument(flag, dest=field, default=None, help=f"{help_text} (env {env_name})")
     args = vars(parser.parse_args(list(argv) if argv is not None else None))
     for field, _env_name, flag, kind, _help in _OPTIONS:
-        raw = args.get(field)
-        if raw is None:
-            continue
-        if kind == "bool":
-            values[field] = _bool(flag, raw)
-        elif kind in kinds:
-            values[field] = _number(flag, raw, kinds[kind])
-        else:
-            values[field] = raw
+        if args.get(field) is not None:
+            values[field] = convert(flag, args[field], kind)
     values["log_level"] = str(values.get("log_level", "INFO")).upper()
     return Settings(**values).validate()  # type: ignore[arg-type]
