@@ -21,7 +21,7 @@ import yaml
 
 from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, entry_for
 from localcluster.cluster import REPO, Cluster, free_port
-from localcluster.release import install_chart, webhook_host_values
+from localcluster.release import install_chart, release_service_account, webhook_host_values
 from localcluster.scheduler_host import run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
 
@@ -31,22 +31,6 @@ RELEASE, SYSTEM_NS, DEMO_NS = "gpu-scheduler", "gpu-scheduler-system", "gpu-demo
 
 def say(msg: str) -> None:
     print(f"==> {msg}", file=sys.stderr, flush=True)
-
-
-def chart_service_account(cluster: Cluster) -> str:
-    out = cluster.kubectl(
-        "get",
-        "serviceaccount",
-        "-n",
-        SYSTEM_NS,
-        "-l",
-        f"app.kubernetes.io/instance={RELEASE}",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ).stdout.strip()
-    if not out:
-        raise RuntimeError(f"the chart created no ServiceAccount in {SYSTEM_NS}")
-    return out
 
 
 def chart_lease_name(cluster: Cluster) -> str:
@@ -138,7 +122,7 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
         install_chart(
             cluster, RELEASE, SYSTEM_NS, webhook_host_values(f"https://127.0.0.1:{port}", ca_bundle(certs))
         )
-        sa = chart_service_account(cluster)
+        sa = release_service_account(cluster, RELEASE, SYSTEM_NS)
         sa_kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NS, sa)
         say(f"starting the webhook and the scheduler as ServiceAccount {SYSTEM_NS}/{sa}")
         logs = workdir / "logs"

@@ -98,6 +98,25 @@ def release_status(cluster: _Helm, release: str, namespace: str) -> dict[str, An
     return data
 
 
+def release_service_account(cluster: Any, release: str, namespace: str) -> str:
+    """The name of the ServiceAccount a release created (found by its instance label)."""
+    name = str(
+        cluster.kubectl(
+            "get",
+            "serviceaccount",
+            "-n",
+            namespace,
+            "-l",
+            f"app.kubernetes.io/instance={release}",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ).stdout
+    ).strip()
+    if not name:
+        raise RuntimeError(f"release {release} created no ServiceAccount in {namespace}")
+    return name
+
+
 def webhook_host_values(url: str, ca_bundle: str, **webhook: Any) -> dict[str, Any]:
     """Values for a webhook running outside the cluster at ``url`` (https) whose serving
     certificate is signed by the CA in ``ca_bundle`` (base64 PEM); no scheduler pod.
@@ -113,6 +132,7 @@ __all__ = [
     "SCHEDULER_CHART",
     "chart_path",
     "install_chart",
+    "release_service_account",
     "release_status",
     "uninstall",
     "webhook_host_values",

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 
 from localcluster.cluster import Cluster, free_port
-from localcluster.release import REPO, SCHEDULER_CHART
+from localcluster.release import REPO, SCHEDULER_CHART, release_service_account
 from localcluster.scheduler_host import run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
 from tests.integration.fixtures_chart import hook_commands
@@ -56,16 +56,7 @@ def test_scheduler_chart_helm_tests_pass_against_the_running_release(
     values["webhook"]["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     release = helm_release(f"ht-{namespace}", namespace, values, SCHEDULER_CHART)
 
-    sa = cluster.kubectl(
-        "get",
-        "serviceaccount",
-        "-n",
-        namespace,
-        "-l",
-        f"app.kubernetes.io/instance={release}",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ).stdout.strip()
+    sa = release_service_account(cluster, release, namespace)
     sa_kubeconfig = cluster.service_account_kubeconfig(namespace, sa)
     hooks_text = cluster.helm("get", "hooks", release, "--namespace", namespace).stdout
     commands = hook_commands(cluster, release, namespace)
