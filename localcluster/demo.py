@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, entry_for
+from gpu_scheduling.injection import format_devices, held_devices
+from gpu_scheduling.podinfo import entry_for
 from localcluster.cluster import REPO, Cluster, free_port
 from localcluster.release import install_chart, release_service_account, webhook_host_values
 from localcluster.scheduler_host import run_scheduler
@@ -70,9 +71,8 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
                 "ordinal": ordinal,
                 "pod": meta["name"],
                 "node": node,
-                # What the scheduler recorded ("node1:0,1"): the GPUs it holds for the pod.
-                "gpus": (meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION, "-:-").partition(":")[2]
-                or "-",
+                # What the scheduler's ledger counts as held: the devices in the container spec.
+                "gpus": format_devices(held_devices(pod.get("spec"))) if node else "-",
                 "cuda": cuda,
                 "phase": phase,
                 "expected": str(entry) if entry else "(no entry)",

@@ -1,14 +1,16 @@
-"""The scheduler's writes to a pod: claim, bind, and the PodScheduled condition.
+"""The scheduler's writes to a pod: bind, the PodScheduled condition, and recreate.
 
-Order of a placement (see ``docs/scheduler.md`` for why):
+A placement is ONE write: the Binding subresource (with the pod's UID as a
+precondition). Nothing is written on the pod before it: what a bound pod holds
+is read back from its own immutable fields (``spec.nodeName`` and the GPU
+variables in its containers, see ``scheduler/ledger.py``), so a scheduler that
+dies at any point leaves nothing half-done and nothing a tenant can forge.
+``409`` because the pod is already bound counts as success when it is bound to
+the mapped node.
 
-1. ``claim``: merge-patch the pod's ``gpu-scheduler/assigned`` annotation,
-   with the pod's resourceVersion as a precondition. The claim is durable
-   before the pod is bound, so a scheduler that dies between the two steps
-   leaves a claim the next leader sees, never a bound pod nobody accounts for.
-2. ``bind``: POST the Binding subresource (with the pod's UID as a
-   precondition). ``409`` because the pod is already bound counts as success
-   when it is bound to the mapped node.
+``recreate`` deletes a pending pod (UID precondition) that was admitted
+without the webhook's GPU variables, so that its controller creates it again
+through the webhook.
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION
 from scheduler.kube import discard, read_json, rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 TIMEOUT = (5, 30)
+
+
+# Condition messages are shown by `kubectl describe`; keep them as short as an Event's note.
+MESSAGE_LIMIT = 1024
+
+
+def truncate_message(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 class BindOutcome(enum.Enum):
@@ -52,29 +61,24 @@ class PodWriter:
         self._core = core
         self._field_manager = field_manager
 
-    def claim(self, pod: Mapping[str, Any], value: str) -> dict[str, Any]:
-        """Write the assignment annotation, only if the pod is unchanged since we saw it.
-
-        Raises ApiException: 409 when the pod changed (look again), 404 when it is gone.
-        """
+    def recreate(self, pod: Mapping[str, Any]) -> bool:
+        """Delete the pod (only this UID); False when it was already gone or replaced."""
         meta = _meta(pod)
-        body = {
-            "metadata": {
-                "resourceVersion": meta.get("resourceVersion"),
-                "annotations": {ASSIGNMENT_ANNOTATION: value},
-            }
-        }
-        resp = self._core.patch_namespaced_pod(
-            meta["name"],
-            meta["namespace"],
-            body,
-            field_manager=self._field_manager,
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-            _request_timeout=TIMEOUT,
-        )
-        out: dict[str, Any] = read_json(resp)
-        return out
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=meta.get("uid")))
+        try:
+            resp = self._core.delete_namespaced_pod(
+                meta["name"],
+                meta["namespace"],
+                body=body,
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+        except ApiException as err:
+            if err.status in (404, 409):  # gone, or another pod of the same name now
+                return False
+            raise
+        discard(resp)
+        return True
 
     def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
         meta = _meta(pod)
@@ -130,7 +134,7 @@ class PodWriter:
                         "type": "PodScheduled",
                         "status": "False",
                         "reason": "Unschedulable",
-                        "message": message,
+                        "message": truncate_message(message),
                         "lastTransitionTime": rfc3339(),
                         "lastProbeTime": None,
                     }

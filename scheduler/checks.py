@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_scheduling.injection import injection_state
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
 from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
@@ -30,6 +31,8 @@ NODE_NOT_READY = "NodeNotReady"
 TAINT_NOT_TOLERATED = "TaintNotTolerated"
 GPU_OUT_OF_RANGE = "GPUIndexOutOfRange"
 GPU_IN_USE = "GPUInUse"
+NO_GPU_RESOURCE = "NoGPUResource"
+NOT_INJECTED = "NotInjected"
 
 ALL_REASONS = (
     NO_MAP,
@@ -42,6 +45,8 @@ ALL_REASONS = (
     TAINT_NOT_TOLERATED,
     GPU_OUT_OF_RANGE,
     GPU_IN_USE,
+    NO_GPU_RESOURCE,
+    NOT_INJECTED,
 )
 
 
@@ -201,7 +206,16 @@ def check_node(pod: Mapping[str, Any], entry: Entry, node: Mapping[str, Any] | N
             )
         )
     count = gpu_count(node)
-    if count is not None:
+    if count is None:
+        refusals.append(
+            Refusal(
+                NO_GPU_RESOURCE,
+                f"node {entry.node!r} reports no {GPU_RESOURCE} in allocatable or capacity, so GPU "
+                f"{entry.devices} cannot be checked: it has no GPUs, or its device plugin is not "
+                f"running ({where})",
+            )
+        )
+    else:
         missing = [g for g in entry.gpus if g >= count]
         if missing:
             indices = ", ".join(str(g) for g in missing)
@@ -255,11 +269,45 @@ def resolve(pod: Mapping[str, Any]) -> Decision:
     )
 
 
-def evaluate(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]], ledger: Holders) -> Decision:
-    """All the checks, in order; the first refusal names the reason, the message lists them all."""
+def check_injected(pod: Mapping[str, Any], entry: Entry) -> list[Refusal]:
+    """Every container carries the webhook's GPU variables for ``entry``.
+
+    Read from the container spec, which nobody can change after creation: a pod
+    admitted while the webhook was down (failurePolicy Ignore) or timed out never
+    gets them, whatever its annotations say.
+    """
+    state = injection_state(pod.get("spec"), entry)
+    if state.ok:
+        return []
+    shown = ", ".join(repr(n[:63]) for n in state.missing[:5]) + (", ..." if len(state.missing) > 5 else "")
+    return [
+        Refusal(
+            NOT_INJECTED,
+            f"the pod was admitted without the webhook's GPU variables for replica {entry.ordinal} "
+            f"({entry.node}:{entry.devices}): container {shown} has {state.found}; the webhook was "
+            "unreachable or timed out when the pod was created",
+        )
+    ]
+
+
+def evaluate(
+    pod: Mapping[str, Any],
+    nodes: Mapping[str, Mapping[str, Any]],
+    ledger: Holders,
+    require_injection: bool = True,
+) -> Decision:
+    """All the checks, in order; the first refusal names the reason, the message lists them all.
+
+    A pod that lacks its injection is refused with that reason alone: nothing
+    about the node can make it bindable, since its containers cannot change.
+    """
     decision = resolve(pod)
     if decision.entry is None:
         return decision
     entry = decision.entry
+    if require_injection:
+        not_injected = check_injected(pod, entry)
+        if not_injected:
+            return Decision(decision.ordinal, entry, tuple(not_injected))
     refusals = check_node(pod, entry, nodes.get(entry.node)) + check_gpus(pod, entry, ledger)
     return Decision(decision.ordinal, entry, tuple(refusals))

@@ -24,11 +24,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, POD_INDEX_LABEL
+from gpu_scheduling.podinfo import POD_INDEX_LABEL
 from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, gpu_requesting_containers
 from gpu_scheduling.schedmap import ANNOTATION
-from scheduler.binding import BindOutcome, PodWriter
-from scheduler.checks import GPU_IN_USE, Decision, Refusal, evaluate, node_signature
+from scheduler.binding import BindOutcome, PodWriter, truncate_message
+from scheduler.checks import GPU_IN_USE, NOT_INJECTED, Decision, Refusal, evaluate, node_signature
 from scheduler.events import EventRecorder
 from scheduler.kube import error_message
 from scheduler.leader import LeaderElector
@@ -66,6 +66,14 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         (meta.get("labels") or {}).get(POD_INDEX_LABEL),
         json.dumps((pod.get("spec") or {}).get("tolerations") or [], sort_keys=True),
     )
+
+
+def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's controller ownerReference (StatefulSet, Job, ...), or None for a bare pod."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("uid"):
+            return ref
+    return None
 
 
 def _uid(pod: Mapping[str, Any]) -> str:
@@ -118,7 +126,9 @@ class Scheduler:
         self._waiting_on: dict[str, str] = {}  # pod key -> node ("" when the map is the problem)
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen pending
         self._reported: dict[str, tuple[str, str]] = {}  # pod uid -> (reason, message) on its condition
-        self._stale: dict[str, str] = {}  # pod key -> resourceVersion a write found outdated
+        # Recreations of pods admitted without injection, backed off per controller and replica.
+        self.recreate_backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+        self._recreate_due: dict[str, float] = {}  # pod uid -> monotonic time its deletion is due
         self._workers: list[threading.Thread] = []
         self.metrics.track(lambda: len(self.queue), lambda: len(self._waiting_on))
 
@@ -151,8 +161,7 @@ class Scheduler:
         if is_pending(pod):
             with self._lock:
                 self._first_seen.setdefault(_uid(pod), time.monotonic())
-                stale = self._stale.pop(key, None)
-            if stale is not None or old is None or pod_signature(old) != pod_signature(pod):
+            if old is None or pod_signature(old) != pod_signature(pod):
                 self.queue.add(key)
         else:
             self._clear(pod)
@@ -204,7 +213,7 @@ class Scheduler:
         self.backoff.forget(key)
         with self._lock:
             self._unwait_locked(key)
-            self._stale.pop(key, None)
+            self._recreate_due.pop(uid, None)
             self._first_seen.pop(uid, None)
             self._reported.pop(uid, None)
         self.events.forget(uid)
@@ -232,53 +241,46 @@ class Scheduler:
             return
         if not self.is_leader():
             return  # whoever leads requeues every pending pod when it starts leading
-        decision = evaluate(pod, self.nodes.view(), self.ledger)
+        decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection)
         if not decision.ok or decision.entry is None:
-            self._refuse(pod, decision)
+            if decision.reason == NOT_INJECTED:
+                self._not_injected(pod, decision)
+            else:
+                self._refuse(pod, decision)
             return
         entry = decision.entry
-        claim = Claim(entry.node, entry.gpus)
+        claim = Claim.of(entry.node, entry.gpus)
         conflicts = self.ledger.reserve(pod, claim)
-        if conflicts:  # another worker claimed a GPU since the check
+        if conflicts:  # another worker took a GPU since the check
             refusals = tuple(
                 Refusal(GPU_IN_USE, f"GPU {entry.node}:{gpu} is held by pod {holder}")
                 for gpu, holder in conflicts
             )
             self._refuse(pod, Decision(decision.ordinal, entry, refusals))
             return
-        value = str(claim)
+        if not self.is_leader():
+            self.ledger.cancel(pod)
+            return  # whoever leads now places it
+        with self._lock:
+            first_seen = self._first_seen.get(_uid(pod))
         try:
-            if (pod["metadata"].get("annotations") or {}).get(ASSIGNMENT_ANNOTATION) != value:
-                if not self.is_leader():
-                    self.ledger.cancel(pod)
-                    return
-                try:
-                    pod = self.writer.claim(pod, value)
-                except ApiException as err:
-                    if err.status == 409:  # the pod changed since our cache saw it
-                        log.debug(
-                            "pod changed before the claim, retrying on its next update", extra={"pod": key}
-                        )
-                        self._retry_when_newer(pod)
-                        return
-                    self.ledger.cancel(pod)
-                    raise
-            if not self.is_leader():
-                return  # the claim stays on the pod; the next leader binds it
-            with self._lock:
-                first_seen = self._first_seen.get(_uid(pod))
             result = self.writer.bind(pod, entry.node)
         except ApiException as err:
             if err.status == 404:
+                self.ledger.cancel(pod)
                 return  # deleted meanwhile: the watch cleans up
+            if 400 <= (err.status or 0) < 500:
+                self.ledger.cancel(pod)  # refused: nothing was bound
+            # 5xx: the Binding may have been stored; the reservation stays until the watch says.
             self._api_failure(pod, entry.node, err)
             return
-        except Exception as err:  # connection errors and the like
+        except Exception as err:  # connection errors, timeouts: the Binding may have been stored
             self._api_failure(pod, entry.node, err)
             return
         if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
             self._bound(pod, decision, first_seen, result.outcome is BindOutcome.ALREADY)
         elif result.outcome is BindOutcome.ELSEWHERE:
+            self.ledger.cancel(pod)
             self.metrics.failures.labels(BOUND_ELSEWHERE).inc()
             message = (
                 f"{BOUND_ELSEWHERE}: the pod was bound to node {result.node!r} by someone else, "
@@ -289,26 +291,15 @@ class Scheduler:
             self._clear(pod)
         # GONE: the watch delivers the deletion
 
-    def _retry_when_newer(self, pod: Mapping[str, Any]) -> None:
-        """A write found our copy of the pod outdated: retry when the watch brings a newer one."""
-        key = pod_key(pod)
-        seen = (pod.get("metadata") or {}).get("resourceVersion") or ""
-        with self._lock:
-            self._stale[key] = seen
-        current = self.pods.get(key)
-        if current is not None and (current.get("metadata") or {}).get("resourceVersion") != seen:
-            with self._lock:
-                self._stale.pop(key, None)
-            self.queue.add(key)  # the newer copy is already here
-        else:
-            self.queue.add_after(key, self.backoff.next(key))  # in case no update ever comes
-
     def _bound(
         self, pod: Mapping[str, Any], decision: Decision, first_seen: float | None, already: bool
     ) -> None:
         entry = decision.entry
         assert entry is not None
         key = pod_key(pod)
+        owner = controller_of(pod)
+        if owner is not None:
+            self.recreate_backoff.forget(f"{owner['uid']}/{entry.ordinal}")
         latency = time.monotonic() - first_seen if first_seen is not None else None
         if not already:
             self.metrics.pods_bound.inc()
@@ -339,10 +330,85 @@ class Scheduler:
         )
         self._clear(pod)
 
+    def _not_injected(self, pod: Mapping[str, Any], decision: Decision) -> None:
+        """A mapped pod admitted without its GPU variables: never bind it; have it recreated.
+
+        Its containers cannot change, so it can never become correct. A pod with a
+        controller is deleted (after a backoff per controller and replica, so a
+        webhook outage does not become a delete/create storm) and its controller
+        creates it again through the webhook; a bare pod waits with its event.
+        """
+        key, uid = pod_key(pod), _uid(pod)
+        self.ledger.cancel(pod)
+        self.metrics.failures.labels(NOT_INJECTED).inc()
+        owner = controller_of(pod)
+        slot = f"{owner['uid']}/{decision.ordinal}" if owner else None
+        recreate = slot is not None and self.settings.recreate_not_injected
+        now = time.monotonic()
+        with self._lock:
+            first = uid not in self._recreate_due
+            if first:
+                self._recreate_due[uid] = now + (self.recreate_backoff.next(slot) if recreate and slot else 0)
+            due = self._recreate_due[uid]
+        if first:
+            self.metrics.not_injected.inc()
+        self._wait_on(key, "")
+        if not recreate:
+            why = "it has no controller" if owner is None else "GPU_SCHEDULER_RECREATE_NOT_INJECTED is off"
+            note = (
+                f"{NOT_INJECTED}: {decision.message}; not bound ({why}): delete it to have it created again"
+            )
+            self.events.warning(pod, NOT_INJECTED, note)
+            if first:
+                log.warning(
+                    "pod admitted without its GPU variables, not bound", extra={"pod": key, "detail": note}
+                )
+                self._set_condition(pod, note)
+            return  # nothing can change a container spec: no retry
+        assert owner is not None and slot is not None
+        what = f"{owner.get('kind')} {owner.get('name')}"
+        attempt = self.recreate_backoff.failures(slot)
+        if now < due:
+            note = (
+                f"{NOT_INJECTED}: {decision.message}; not bound: it will be deleted so that {what} "
+                f"recreates it through the webhook (attempt {attempt}, after {due - now:.0f}s backoff)"
+            )
+            self.events.warning(pod, NOT_INJECTED, note)
+            if first:
+                log.warning(
+                    "pod admitted without its GPU variables, not bound", extra={"pod": key, "detail": note}
+                )
+                self._set_condition(pod, note)
+            self.queue.add_after(key, due - now)
+            return
+        try:
+            deleted = self.writer.recreate(pod)
+        except Exception as err:
+            delay = self.backoff.next(key)
+            log.warning(
+                "could not delete a pod admitted without its GPU variables",
+                extra={"pod": key, "error": error_message(err), "retry_in": delay},
+            )
+            self.queue.add_after(key, delay)
+            return
+        if deleted:
+            self.metrics.recreated.inc()
+            log.warning(
+                "deleted a pod admitted without its GPU variables, so that its controller recreates it",
+                extra={"pod": key, "controller": what, "attempt": attempt},
+            )
+            self.events.warning(
+                pod,
+                NOT_INJECTED,
+                f"{NOT_INJECTED}: {decision.message}; deleted it so that {what} recreates it "
+                f"through the webhook (attempt {attempt})",
+            )
+
     def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:
         key, uid = pod_key(pod), _uid(pod)
         reason, message = decision.reason, decision.message
-        note = f"{reason}: {message}"
+        note = truncate_message(f"{reason}: {message}")
+        self.ledger.cancel(pod)  # a reservation left by an earlier attempt must not block others
         self.metrics.failures.labels(reason).inc()
         self._wait_on(key, decision.entry.node if decision.entry else "")
         delay = self.backoff.next(key)
@@ -353,7 +419,7 @@ class Scheduler:
                 self._reported[uid] = (reason, message)
         if changed:
             log.info(
-                "cannot bind yet", extra={"pod": key, "reason": reason, "detail": message, "retry_in": delay}
+                "cannot bind yet", extra={"pod": key, "reason": reason, "detail": note, "retry_in": delay}
             )
             self._set_condition(pod, note)
         else:

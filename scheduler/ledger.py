@@ -1,21 +1,28 @@
 """Who holds which GPU: ``(node, gpu) -> holder pod``, rebuilt from the API.
 
-The truth lives on the pods, not in this process. Before it binds a pod the
-scheduler writes the ``gpu-scheduler/assigned: "node1:0,1"`` annotation on it
-(see ``docs/scheduler.md``, "The assignment annotation"), so every replica and
-every restart rebuilds the same ledger from its pod watch:
+The truth lives on the pods, in fields their owners cannot change after
+creation, so a tenant who may patch pods in their namespace can neither forge
+nor erase a record (see ``docs/scheduler.md``, "What a pod holds"):
 
-* a pod holds GPUs while it is active: not Succeeded or Failed. A terminating
-  pod (``deletionTimestamp`` set) still holds them until it is gone, because
-  its containers may still be using the devices;
-* a pod holds what its assignment annotation says (unless it is bound to
-  another node than the annotation names); a bound pod without one
-  (bound by an older scheduler, or created with ``spec.nodeName``) holds its
-  map entry when that entry names the node it is bound to.
+* a pod holds GPUs while it is bound (``spec.nodeName``, set once, by the
+  Binding) and active: not Succeeded or Failed. A terminating pod
+  (``deletionTimestamp`` set) still holds them until it is gone, because its
+  containers may still be using the devices;
+* it holds, on that node, the GPU indices its containers were set up with:
+  the variables the webhook injected into the container spec
+  (``NVIDIA_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``; the union over
+  containers), which are immutable;
+* a bound pod whose containers carry no such variable (bound by an older
+  scheduler, or with injection not required) holds its map entry when that
+  entry names the node it is bound to. The chart's ValidatingAdmissionPolicy
+  makes the map immutable on existing pods.
 
-Between writing a claim and seeing it come back on the watch, the claim is
-kept as a *reservation*, so an older copy of the pod arriving late on the
-watch cannot erase it.
+No annotation is read: the old ``gpu-scheduler/assigned`` annotation, which
+tenants could rewrite, means nothing to this ledger.
+
+Between the scheduler's decision and the watch showing the pod bound, the
+GPUs are kept as a *reservation*, so two workers cannot both take a GPU and an
+older copy of the pod arriving late on the watch cannot erase the decision.
 """
 
 from __future__ import annotations
@@ -25,42 +32,26 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduling.podinfo import ASSIGNMENT_ANNOTATION, entry_for
-from gpu_scheduling.schedmap import MapError, parse
+from gpu_scheduling.injection import held_devices
+from gpu_scheduling.podinfo import entry_for
+from gpu_scheduling.schedmap import MapError
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """GPUs ``gpus`` on ``node``, held by one pod."""
+    """GPUs ``gpus`` on ``node``, held by one pod (indices sorted, no duplicates)."""
 
     node: str
     gpus: tuple[int, ...]
 
+    @classmethod
+    def of(cls, node: str, gpus: Iterable[int]) -> Claim:
+        return cls(node, tuple(sorted(set(gpus))))
+
     def __str__(self) -> str:
         return f"{self.node}:{','.join(str(g) for g in self.gpus)}"
-
-
-def format_assignment(node: str, gpus: Iterable[int]) -> str:
-    """The assignment annotation's value: ``"node1:0,1"``."""
-    return str(Claim(node, tuple(gpus)))
-
-
-def parse_assignment(value: str | None) -> Claim | None:
-    """Read an assignment annotation; None when absent or malformed.
-
-    The value is a map entry without its ordinal, so the map grammar reads it:
-    nothing else parses node and GPU lists.
-    """
-    if not value or "\n" in value or ";" in value or "#" in value:
-        return None
-    try:
-        smap = parse(f"0={value}")
-    except MapError:
-        return None
-    entry = smap[0]
-    return Claim(entry.node, entry.gpus)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -73,26 +64,28 @@ def is_active(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
 
 
+def is_bound(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
 def claim_of(pod: Mapping[str, Any]) -> Claim | None:
-    """The GPUs this pod holds according to the API object."""
+    """The GPUs this pod holds according to the API object's immutable fields."""
     if not is_active(pod):
         return None
-    meta = pod.get("metadata") or {}
-    node = (pod.get("spec") or {}).get("nodeName")
-    claim = parse_assignment((meta.get("annotations") or {}).get(ASSIGNMENT_ANNOTATION))
-    if claim is not None:
-        # A pod bound to another node than its claim names (someone else bound
-        # it) holds nothing we can account for.
-        return claim if not node or node == claim.node else None
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
     if not node:
         return None
+    devices = held_devices(spec)
+    if devices:
+        return Claim.of(node, devices)
     try:
-        _, entry = entry_for(meta)
+        _, entry = entry_for(pod.get("metadata") or {})
     except MapError:
         return None
     if entry is None or entry.node != node:
         return None
-    return Claim(entry.node, entry.gpus)
+    return Claim.of(entry.node, entry.gpus)
 
 
 class Ledger:
@@ -141,10 +134,10 @@ class Ledger:
         with self._lock:
             reserved = self._reserved.get(uid)
             if reserved is not None:
-                if claim == reserved or not is_active(pod):
-                    del self._reserved[uid]  # our write is visible (or moot): the watch rules again
+                if is_bound(pod) or not is_active(pod):
+                    del self._reserved[uid]  # bound (or finished): the pod's own fields rule again
                 else:
-                    claim = reserved  # an older copy of the pod: keep what we wrote
+                    claim = reserved  # still pending: keep what we decided
             return self._set(uid, pod_key(pod), claim)
 
     def forget(self, pod: Mapping[str, Any]) -> set[str]:

@@ -45,6 +45,16 @@ class Metrics:
             "Pods last refused and waiting for their cause to go.",
             registry=r,
         )
+        self.not_injected = Counter(
+            "gpu_scheduler_not_injected_pods",
+            "Mapped pods seen without the webhook's GPU variables (admitted while it was down or slow).",
+            registry=r,
+        )
+        self.recreated = Counter(
+            "gpu_scheduler_pods_recreated",
+            "Pods admitted without injection that were deleted so that their controller recreates them.",
+            registry=r,
+        )
         self.watch_relists = Counter(
             "gpu_scheduler_watch_relists",
             "Full lists of a watched resource (start, 410 Gone).",

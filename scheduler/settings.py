@@ -44,6 +44,12 @@ class Settings:
     workers: int = 4
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
+    # Bind a mapped pod only when its containers carry the webhook's GPU variables for
+    # its entry (the chart sets it from webhook.enabled). Off: the map alone decides.
+    require_injection: bool = True
+    # A controller-owned pod admitted without them is deleted, so that its controller
+    # recreates it through the webhook (with backoff per replica). Off: it waits.
+    recreate_not_injected: bool = True
 
     def validate(self) -> Settings:
         problems = []
@@ -111,6 +117,20 @@ _OPTIONS: list[tuple[str, str, str, str, str]] = [
     ("workers", "GPU_SCHEDULER_WORKERS", "--workers", "int", "pods placed in parallel"),
     ("backoff_initial", "GPU_SCHEDULER_BACKOFF_INITIAL", "--backoff-initial", "float", "first retry, s"),
     ("backoff_max", "GPU_SCHEDULER_BACKOFF_MAX", "--backoff-max", "float", "longest retry interval, s"),
+    (
+        "require_injection",
+        "GPU_SCHEDULER_REQUIRE_INJECTION",
+        "--require-injection",
+        "bool",
+        "bind only pods that carry the webhook's GPU variables",
+    ),
+    (
+        "recreate_not_injected",
+        "GPU_SCHEDULER_RECREATE_NOT_INJECTED",
+        "--recreate-not-injected",
+        "bool",
+        "delete controller-owned pods admitted without them",
+    ),
 ]
 
 

@@ -24,7 +24,7 @@ SCHEDULER_SA = "gpu-scheduler"
 
 # The scheduler's least privilege; docs/scheduler.md lists the same rules.
 CLUSTER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
@@ -103,6 +103,9 @@ def start_scheduler(
                 "POD_NAME": identity,
                 "POD_NAMESPACE": namespace,
                 "GPU_SCHEDULER_LOG_LEVEL": "DEBUG",
+                # These tests place pods without a webhook (the scheduler-only install);
+                # the tests of the webhook and scheduler together turn it on.
+                "GPU_SCHEDULER_REQUIRE_INJECTION": "false",
                 **env,
             },
             log_path=tmp_path / f"scheduler-{identity}.log",

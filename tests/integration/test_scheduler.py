@@ -9,6 +9,7 @@ uses the session's node1..node3.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,6 @@ from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
 
-ASSIGNED = "gpu-scheduler/assigned"
 # A first retry far in the future: a pod that binds quickly after its cause went
 # away was re-queued by the watch event, not by the backoff timer.
 SLOW_RETRY = {"GPU_SCHEDULER_BACKOFF_INITIAL": "45", "GPU_SCHEDULER_BACKOFF_MAX": "60"}
@@ -55,6 +55,15 @@ def _event_with(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | N
         if all(w in (ev.get("message") or "") for w in words):
             return ev
     return None
+
+
+def _assigned(kube: Any, ns: str, pod: str) -> str:
+    """``node:gpus`` as the pod's Scheduled event names them (the scheduler writes nothing on the pod)."""
+    for ev in _events(kube, ns, pod, "Scheduled"):
+        found = re.search(r" to (\S+) with GPUs (\S+) \(replica", ev.get("message") or "")
+        if found:
+            return f"{found.group(1)}:{found.group(2)}"
+    return ""
 
 
 def _condition(pod: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +117,7 @@ def test_statefulset_replicas_bound_to_mapped_nodes_and_gpus(
             if pod is None:
                 return False
             assert pod["spec"]["nodeName"] == node, name
-            assert pod["metadata"]["annotations"][ASSIGNED] == assigned, name
+            assert wait_for(lambda name=name: _assigned(kube, namespace, name), 10) == assigned, name
         return True
 
     wait_for(check_all, 60, what="3 replicas Running on their mapped nodes")
@@ -152,7 +161,7 @@ def test_missing_node_pending_with_event_then_binds_when_created(
         lambda: _running_on(kube, namespace, "m-0"), PROMPT, what="m-0 bound after its node appeared"
     )
     assert pod["spec"]["nodeName"] == late
-    assert pod["metadata"]["annotations"][ASSIGNED] == f"{late}:1"
+    assert wait_for(lambda: _assigned(kube, namespace, pod["metadata"]["name"]), 10) == f"{late}:1"
 
 
 def test_gpu_held_by_another_pod_waits_names_the_holder_and_binds_when_freed(
@@ -183,7 +192,7 @@ def test_gpu_held_by_another_pod_waits_names_the_holder_and_binds_when_freed(
     cluster.kubectl("delete", "-n", namespace, "statefulset/a", "--wait=false")
     pod = wait_for(lambda: _running_on(kube, namespace, "b-0"), PROMPT, what="b-0 bound after a-0 went away")
     assert pod["spec"]["nodeName"] == node
-    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:1,2"
+    assert wait_for(lambda: _assigned(kube, namespace, pod["metadata"]["name"]), 10) == f"{node}:1,2"
 
 
 def test_cordoned_node_waits_then_binds_when_uncordoned(
@@ -235,7 +244,7 @@ def test_gpu_index_beyond_node_count_waits_then_binds_when_node_reports_more(
     patch = {"status": {"capacity": {"nvidia.com/gpu": "4"}, "allocatable": {"nvidia.com/gpu": "4"}}}
     cluster.kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
     pod = wait_for(lambda: _running_on(kube, namespace, "g-0"), PROMPT, what="g-0 bound once the GPU exists")
-    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:1,3"
+    assert wait_for(lambda: _assigned(kube, namespace, pod["metadata"]["name"]), 10) == f"{node}:1,3"
 
 
 def test_unusable_maps_are_reported(
@@ -309,7 +318,7 @@ def test_two_replicas_one_leader_binds_each_pod_once_and_the_standby_takes_over(
     wait_for(lambda: _lease_holder(kube, namespace) == "replica-b", 30, what="replica-b takes the Lease")
     cluster.kubectl("scale", "-n", namespace, "statefulset/ha", "--replicas=6")
     pod = wait_for(lambda: _running_on(kube, namespace, "ha-5"), 30, what="ha-5 bound by the new leader")
-    assert pod["metadata"]["annotations"][ASSIGNED] == f"{node}:5"
+    assert wait_for(lambda: _assigned(kube, namespace, pod["metadata"]["name"]), 10) == f"{node}:5"
     assert metric(b, "gpu_scheduler_pods_bound_total") == 1
     assert metric(b, "gpu_scheduler_leader") == 1
 

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from gpu_scheduling.injection import desired_env
+from gpu_scheduling.podinfo import entry_for
 from scheduler import checks
 from scheduler.checks import evaluate, tolerates, untolerated_taints
 from scheduler.ledger import Claim, Ledger
@@ -36,17 +38,26 @@ def pod(
     tolerations: list[dict[str, str]] | None = None,
     uid: str = "uid-1",
     labels: dict[str, str] | None = None,
+    injected: str | None = "cuda",
 ) -> dict[str, Any]:
+    """A pending pod; ``injected``: the webhook's mode whose variables its container carries (None: none)."""
     annotations = {} if smap is None else {"gpu-scheduling-map": smap}
+    meta = {"name": name, "namespace": "ns", "uid": uid, "annotations": annotations, "labels": labels or {}}
+    env: list[dict[str, str]] = []
+    if injected is not None and smap is not None:
+        try:
+            _, entry = entry_for(meta)
+        except ValueError:
+            entry = None
+        if entry is not None:
+            env = [{"name": k, "value": v} for k, v in desired_env(entry, injected)]  # type: ignore[arg-type]
     return {
-        "metadata": {
-            "name": name,
-            "namespace": "ns",
-            "uid": uid,
-            "annotations": annotations,
-            "labels": labels or {},
+        "metadata": meta,
+        "spec": {
+            "schedulerName": "gpu-scheduler",
+            "tolerations": tolerations or [],
+            "containers": [{"name": "worker", "env": env}],
         },
-        "spec": {"schedulerName": "gpu-scheduler", "tolerations": tolerations or []},
         "status": {"phase": "Pending"},
     }
 
@@ -176,7 +187,6 @@ def test_gpu_index_beyond_the_node_count() -> None:
     assert "allocatable=4" in refusal.message
     assert "valid indices 0-3" in refusal.message
     assert checks.check_node(p, _entry(p), node("node2", gpus="6")) == []
-    assert checks.check_node(p, _entry(p), node("node2", gpus=None)) == []  # not reported: not checked
     [none] = checks.check_node(p, _entry(p), node("node2", gpus="0"))
     assert "it has none" in none.message
 
@@ -191,6 +201,63 @@ def test_several_problems_are_all_reported_first_one_names_the_reason() -> None:
         checks.TAINT_NOT_TOLERATED,
         checks.GPU_OUT_OF_RANGE,
     ]
+
+
+def test_a_node_without_the_gpu_resource_is_refused_with_that_reason() -> None:
+    p = pod(smap="1=cpu1:0")
+    [refusal] = checks.check_node(p, _entry(p), node("cpu1", gpus=None))
+    assert refusal.reason == checks.NO_GPU_RESOURCE
+    assert "node 'cpu1' reports no nvidia.com/gpu" in refusal.message
+    assert "replica 1 is mapped to cpu1:0" in refusal.message
+    # The device plugin registering the resource is a node change that lets it bind.
+    assert checks.node_signature(node("cpu1", gpus=None)) != checks.node_signature(node("cpu1", gpus="1"))
+
+
+# -- the webhook's variables ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["cuda", "nvidia"])
+def test_a_pod_carrying_the_variables_of_either_mode_is_injected(mode: str) -> None:
+    assert evaluate(pod(injected=mode), {"node2": node("node2")}, Ledger()).ok
+
+
+def test_a_pod_admitted_without_its_variables_is_refused_whatever_the_node() -> None:
+    bare = pod(injected=None)
+    decision = evaluate(bare, {}, Ledger())  # the node is missing too: NotInjected alone is said
+    assert [r.reason for r in decision.refusals] == [checks.NOT_INJECTED]
+    assert "replica 1 (node2:2)" in decision.message
+    assert "CUDA_VISIBLE_DEVICES unset" in decision.message
+    assert decision.entry is not None and decision.entry.node == "node2"
+    # Not required (no webhook installed): the map alone decides.
+    assert evaluate(bare, {"node2": node("node2")}, Ledger(), require_injection=False).ok
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        [
+            {"name": "CUDA_VISIBLE_DEVICES", "value": "3"},
+            {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        ],
+        [{"name": "CUDA_VISIBLE_DEVICES", "value": "2"}],  # no device order: CUDA may number them differently
+        [
+            {"name": "CUDA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        ],
+    ],
+)
+def test_variables_set_by_the_tenant_that_differ_from_the_map_are_refused(env: list[dict[str, Any]]) -> None:
+    p = pod(injected=None)
+    p["spec"]["containers"][0]["env"] = env
+    assert evaluate(p, {"node2": node("node2")}, Ledger()).reason == checks.NOT_INJECTED
+
+
+def test_every_container_must_carry_them() -> None:
+    p = pod()
+    p["spec"]["initContainers"] = [{"name": "setup", "env": []}]
+    decision = evaluate(p, {"node2": node("node2")}, Ledger())
+    assert decision.reason == checks.NOT_INJECTED
+    assert "'setup'" in decision.message
 
 
 # -- GPUs held by other pods -------------------------------------------------------------

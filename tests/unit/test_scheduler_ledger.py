@@ -1,4 +1,4 @@
-"""The GPU ledger: who holds which node:GPU, from the pods as the API shows them."""
+"""The GPU ledger: who holds which node:GPU, from the pods' immutable fields as the API shows them."""
 
 from __future__ import annotations
 
@@ -7,95 +7,95 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.ledger import Claim, Ledger, claim_of, format_assignment, is_active, parse_assignment
+from gpu_scheduling.injection import held_devices, parse_devices
+from scheduler.ledger import Claim, Ledger, claim_of, is_active
 
-ASSIGNED = "gpu-scheduler/assigned"
+FORGED = "gpu-scheduler/assigned"
 
 
 def pod(
     name: str = "w-0",
     uid: str | None = None,
-    assigned: str | None = None,
+    devices: str | None = None,
     node: str | None = None,
     phase: str = "Pending",
     smap: str | None = None,
     deleting: bool = False,
+    nvidia: str | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    annotations = {}
-    if assigned is not None:
-        annotations[ASSIGNED] = assigned
+    """A pod whose container carries CUDA_VISIBLE_DEVICES=devices (and NVIDIA_VISIBLE_DEVICES=nvidia)."""
+    ann = dict(annotations or {})
     if smap is not None:
-        annotations["gpu-scheduling-map"] = smap
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": "ns",
-        "uid": uid or f"uid-{name}",
-        "annotations": annotations,
-    }
+        ann["gpu-scheduling-map"] = smap
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}", "annotations": ann}
     if deleting:
         meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    spec = {"nodeName": node} if node else {}
+    env = []
+    if nvidia is not None:
+        env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": nvidia})
+    if devices is not None:
+        env.append({"name": "CUDA_VISIBLE_DEVICES", "value": devices})
+    spec: dict[str, Any] = {"containers": [{"name": "c", "env": env}]}
+    if node:
+        spec["nodeName"] = node
     return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
-# -- the annotation -----------------------------------------------------------------------
+# -- what a pod holds --------------------------------------------------------------------------
 
 
-def test_assignment_round_trip() -> None:
-    assert format_assignment("node1", [0, 1]) == "node1:0,1"
-    assert parse_assignment("node1:0,1") == Claim("node1", (0, 1))
-    assert parse_assignment(" node1 : 3 ") == Claim("node1", (3,))
+def test_a_bound_pod_holds_the_devices_in_its_container_spec() -> None:
+    assert claim_of(pod(devices="1,0", node="node1", phase="Running")) == Claim("node1", (0, 1))
+    # nvidia mode: NVIDIA_VISIBLE_DEVICES holds the physical indices, CUDA's are renumbered.
+    assert claim_of(pod(nvidia="5,7", devices="0,1", node="node1", phase="Running")) == Claim("node1", (5, 7))
 
 
-def test_malformed_assignments_are_ignored() -> None:
-    for bad in (
-        None,
-        "",
-        "node1",
-        "node1:",
-        "Node1:0",
-        "node1:x",
-        "node1:0\n1=node2:1",
-        "a:1;b:2",
-        "n:1 # c",
-    ):
-        assert parse_assignment(bad) is None, bad
+def test_a_pending_pod_holds_nothing_whatever_it_carries() -> None:
+    assert claim_of(pod(devices="0,1", smap="0=node1:0,1")) is None
+    # The old annotation is a claim anyone could forge: it means nothing now.
+    assert claim_of(pod(annotations={FORGED: "node4:0"})) is None
+    assert claim_of(
+        pod(annotations={FORGED: "node4:0"}, devices="3", node="node4", phase="Running")
+    ) == Claim("node4", (3,))
 
 
-@given(
-    st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True),
-    st.lists(st.integers(0, 1023), min_size=1, max_size=8, unique=True),
-)
-def test_any_claim_round_trips(node: str, gpus: list[int]) -> None:
-    assert parse_assignment(format_assignment(node, gpus)) == Claim(node, tuple(gpus))
+def test_containers_union_and_init_containers_count() -> None:
+    p = pod(devices="0", node="n", phase="Running")
+    p["spec"]["initContainers"] = [{"name": "i", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "2"}]}]
+    p["spec"]["containers"].append({"name": "d", "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}]})
+    assert claim_of(p) == Claim("n", (0, 1, 2))
 
 
-# -- what a pod holds ------------------------------------------------------------------------
-
-
-def test_annotation_is_the_claim_even_before_binding() -> None:
-    assert claim_of(pod(assigned="node1:0,1")) == Claim("node1", (0, 1))
-
-
-def test_bound_pod_without_annotation_holds_its_map_entry_on_that_node() -> None:
+def test_bound_pod_without_variables_holds_its_map_entry_on_that_node() -> None:
     smap = "0=node1:0,1\n1=node2:2"
     assert claim_of(pod(node="node1", phase="Running", smap=smap)) == Claim("node1", (0, 1))
     assert claim_of(pod(node="node9", phase="Running", smap=smap)) is None  # bound elsewhere
     assert claim_of(pod(node="node1", phase="Running", smap="0=node1:x")) is None  # bad map
-    assert claim_of(pod(phase="Pending", smap=smap)) is None  # neither bound nor claimed
-
-
-def test_annotation_naming_another_node_than_the_binding_holds_nothing() -> None:
-    assert claim_of(pod(assigned="node1:0", node="node2", phase="Running")) is None
+    # Once the containers carry devices, the (mutable) map is not read at all.
+    assert claim_of(pod(node="node1", phase="Running", smap=smap, devices="3")) == Claim("node1", (3,))
 
 
 def test_finished_pods_hold_nothing_terminating_pods_still_hold() -> None:
     for phase in ("Succeeded", "Failed"):
         assert not is_active(pod(phase=phase))
-        assert claim_of(pod(assigned="node1:0", node="node1", phase=phase)) is None
-    terminating = pod(assigned="node1:0", node="node1", phase="Running", deleting=True)
+        assert claim_of(pod(devices="0", node="node1", phase=phase)) is None
+    terminating = pod(devices="0", node="node1", phase="Running", deleting=True)
     assert is_active(terminating)
     assert claim_of(terminating) == Claim("node1", (0,))
+
+
+def test_device_lists_are_read_strictly() -> None:
+    assert parse_devices("0, 2,2") == (0, 2)
+    for bad in (None, "", "all", "GPU-1234", "0,,1", "-1", "1024", "٣", "0;1", "9" * 5000):
+        assert parse_devices(bad) is None, bad
+    spec = {"containers": [{"env": [{"name": "CUDA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {}}}]}]}
+    assert held_devices(spec) == ()
+
+
+@given(st.lists(st.integers(0, 1023), min_size=1, max_size=8, unique=True))
+def test_any_device_list_round_trips(gpus: list[int]) -> None:
+    assert parse_devices(",".join(map(str, gpus))) == tuple(gpus)
 
 
 # -- the index ---------------------------------------------------------------------------------
@@ -103,46 +103,49 @@ def test_finished_pods_hold_nothing_terminating_pods_still_hold() -> None:
 
 def test_holders_and_release() -> None:
     ledger = Ledger()
-    a = pod("a-0", assigned="node1:0,1", node="node1", phase="Running")
+    a = pod("a-0", devices="0,1", node="node1", phase="Running")
     assert ledger.observe(a) == set()
     assert ledger.holders("node1", [1, 2]) == [(1, "ns/a-0")]
     assert ledger.holders("node1", [0, 1], exclude_uid="uid-a-0") == []
     assert ledger.snapshot() == {"node1:0": ["ns/a-0"], "node1:1": ["ns/a-0"]}
     assert len(ledger) == 1
 
-    finished = pod("a-0", assigned="node1:0,1", node="node1", phase="Succeeded")
+    finished = pod("a-0", devices="0,1", node="node1", phase="Succeeded")
     assert ledger.observe(finished) == {"node1"}
     assert ledger.holders("node1", [0, 1]) == []
     assert len(ledger) == 0
 
 
+def test_editing_annotations_of_a_running_pod_frees_nothing() -> None:
+    ledger = Ledger()
+    running = pod("a-0", devices="0", node="node4", phase="Running", smap="0=node4:0")
+    ledger.observe(running)
+    tampered = pod(
+        "a-0", devices="0", node="node4", phase="Running", smap="0=node9:5", annotations={FORGED: "node9:5"}
+    )
+    assert ledger.observe(tampered) == set()
+    assert ledger.holders("node4", [0]) == [(0, "ns/a-0")]
+    assert ledger.holders("node9", [5]) == []
+
+
 def test_forget_releases_and_is_idempotent() -> None:
     ledger = Ledger()
-    a = pod("a-0", assigned="node2:2")
+    a = pod("a-0", devices="2", node="node2", phase="Running")
     ledger.observe(a)
     assert ledger.forget(a) == {"node2"}
     assert ledger.forget(a) == set()
     assert ledger.snapshot() == {}
 
 
-def test_moving_a_claim_releases_the_old_node_only() -> None:
-    ledger = Ledger()
-    ledger.observe(pod("a-0", assigned="node1:0,1"))
-    assert ledger.observe(pod("a-0", assigned="node1:0")) == {"node1"}
-    assert ledger.observe(pod("a-0", assigned="node2:0")) == {"node1"}
-    assert ledger.observe(pod("a-0", assigned="node2:0,1")) == set()
-    assert ledger.holders("node1", [0, 1]) == []
-    assert ledger.claim("uid-a-0") == Claim("node2", (0, 1))
-
-
 def test_same_name_new_uid_is_another_pod() -> None:
     ledger = Ledger()
-    old = pod("w-0", uid="old", assigned="node1:0", node="node1", phase="Running", deleting=True)
-    new = pod("w-0", uid="new", assigned="node1:0")
+    old = pod("w-0", uid="old", devices="0", node="node1", phase="Running", deleting=True)
+    new = pod("w-0", uid="new", devices="0", node="node1", phase="Pending")
     ledger.observe(old)
-    ledger.observe(new)
+    assert ledger.reserve(new, Claim("node1", (0,))) == [(0, "ns/w-0")]  # the old one still holds it
+    ledger.observe(new)  # bound by someone else meanwhile: the ledger records both holders
     assert sorted(ledger.holders("node1", [0])) == [(0, "ns/w-0"), (0, "ns/w-0")]
-    assert ledger.forget(old) == {"node1"}
+    ledger.forget(old)  # (waiting pods are retried; the new pod still holds node1:0)
     assert ledger.holders("node1", [0], exclude_uid="new") == []
     assert ledger.holders("node1", [0]) == [(0, "ns/w-0")]
 
@@ -156,17 +159,23 @@ def test_reserve_is_exclusive() -> None:
     assert ledger.reserve(a, Claim("node1", (0, 1))) == []  # reserving again is fine
 
 
-def test_reservation_survives_an_older_copy_until_the_write_is_seen() -> None:
+def test_reservation_survives_pending_copies_until_the_binding_is_seen() -> None:
     ledger = Ledger()
-    before = pod("a-0")  # the watch still shows the pod without our annotation
+    before = pod("a-0", devices="0")
     ledger.reserve(before, Claim("node1", (0,)))
-    ledger.observe(before)
+    ledger.observe(before)  # an older (or unchanged) pending copy arrives
     assert ledger.holders("node1", [0]) == [(0, "ns/a-0")]
-    ledger.observe(pod("a-0", assigned="node1:0"))  # our write arrives
-    ledger.observe(pod("a-0", assigned="node1:0", node="node1", phase="Running"))
+    ledger.observe(pod("a-0", devices="0", node="node1", phase="Running"))  # the binding arrives
     assert ledger.claim("uid-a-0") == Claim("node1", (0,))
     # From now on the watch rules: a finished pod releases.
-    assert ledger.observe(pod("a-0", assigned="node1:0", node="node1", phase="Failed")) == {"node1"}
+    assert ledger.observe(pod("a-0", devices="0", node="node1", phase="Failed")) == {"node1"}
+
+
+def test_a_pod_bound_elsewhere_drops_the_reservation() -> None:
+    ledger = Ledger()
+    ledger.reserve(pod("a-0", devices="0"), Claim("node1", (0,)))
+    assert ledger.observe(pod("a-0", devices="0", node="node2", phase="Running")) == {"node1"}
+    assert ledger.claim("uid-a-0") == Claim("node2", (0,))
 
 
 def test_reservation_is_dropped_when_the_pod_finishes_or_goes() -> None:
@@ -184,7 +193,7 @@ def test_cancel_falls_back_to_the_api_object() -> None:
     ledger.reserve(a, Claim("node1", (0,)))
     assert ledger.cancel(a) == {"node1"}
     assert ledger.holders("node1", [0]) == []
-    claimed = pod("a-0", assigned="node3:1")
-    ledger.reserve(claimed, Claim("node1", (0,)))
-    ledger.cancel(claimed)
+    bound = pod("a-0", devices="1", node="node3", phase="Running")
+    ledger.reserve(bound, Claim("node1", (0,)))
+    ledger.cancel(bound)
     assert ledger.claim("uid-a-0") == Claim("node3", (1,))
