@@ -92,7 +92,9 @@ def check_tls_files(settings: Settings) -> tuple[bool, str]:
     try:
         build_context(settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file)
     except (OSError, ssl.SSLError) as exc:
-        files = " / ".join(f for f in (settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file) if f)
+        files = " / ".join(
+            f for f in (settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file) if f
+        )
         return False, f"cannot load {files}: {exc}"
     return True, "certificate and key loaded"
 
@@ -105,7 +107,9 @@ class ContextCache:
     """
 
     def __init__(self, settings: Settings, context_class: type[ssl.SSLContext] | None = None):
-        self._files = [f for f in (settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file) if f]
+        self._files = [
+            f for f in (settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file) if f
+        ]
         self._settings = settings
         self._class = context_class
         self._key: tuple[Any, ...] | None = None
@@ -148,7 +152,7 @@ class JsonGunicornLogger(GunicornLogger):
 
 
 # ------------------------------------------------------------------------------------------ worker
-class Deadline(BaseException):  # noqa: N818 - raised into a greenlet by a timer, like gevent.Timeout
+class Deadline(BaseException):
     """A connection's deadline passed; a BaseException so that no ``except Exception`` swallows it."""
 
     def __init__(self, reason: str):
@@ -281,7 +285,7 @@ def _make_worker_class() -> type:
                 self.on_full()
             return full
 
-    class WebhookWorker(GeventWorker):  # type: ignore[misc]
+    class WebhookWorker(GeventWorker):
         """gunicorn's gevent worker with TLS in the connection's greenlet and per-connection deadlines."""
 
         def __init__(self, *args: Any, **kwargs: Any):
@@ -294,7 +298,7 @@ def _make_worker_class() -> type:
 
         def load_wsgi(self) -> None:
             super().load_wsgi()
-            inner = self.wsgi
+            inner: Any = self.wsgi  # type: ignore[has-type]
 
             def app(environ: dict[str, Any], start_response: Any) -> Any:
                 sock = environ.get("gunicorn.socket")
@@ -540,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         # gunicorn would refuse too, less clearly; in a pod this means the TLS Secret is not mounted.
         log.error(
-            "cannot serve TLS: %s (set WEBHOOK_TLS_CERT_FILE / WEBHOOK_TLS_KEY_FILE / WEBHOOK_CLIENT_CA_FILE)", why
+            "cannot serve TLS: %s (set WEBHOOK_TLS_CERT_FILE / WEBHOOK_TLS_KEY_FILE / WEBHOOK_CLIENT_CA_FILE)",
+            why,
         )
         return 1
     log.info(

@@ -192,9 +192,14 @@ def test_idle_tls_and_tcp_connections_do_not_delay_mutate(certs: Path, tmp_path:
             assert not open_after, f"{len(open_after)} of 128 idle connections still open"
         finally:
             close_all(raw + tls)
-        assert metric(port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="header_timeout"') >= 64
         assert (
-            metric(port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="handshake_timeout"')
+            metric(port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="header_timeout"')
+            >= 64
+        )
+        assert (
+            metric(
+                port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="handshake_timeout"'
+            )
             >= 64
         )
         warnings = [r for r in records(proc) if r["level"] == "warning" and r["logger"] == "webhook.serve"]
@@ -275,7 +280,10 @@ def test_idle_keepalive_slow_body_and_connection_cap(certs: Path, tmp_path: Path
         assert metric(port, certs, "gpu_scheduler_webhook_connection_cap_reached_total") >= 1
         reasons = {r.get("reason") for r in records(proc) if r["level"] == "warning"}
         assert {"body_timeout", "header_timeout"} <= reasons
-        assert metric(port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="idle_timeout"') >= 1
+        assert (
+            metric(port, certs, "gpu_scheduler_webhook_connections_closed_total", 'reason="idle_timeout"')
+            >= 1
+        )
 
 
 def test_oversized_request_heads_are_refused(certs: Path, tmp_path: Path) -> None:
