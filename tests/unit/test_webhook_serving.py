@@ -22,7 +22,7 @@ import pytest
 
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook
-from webhook.settings import Settings
+from webhook.settings import Settings, SettingsError
 
 HOST = "127.0.0.1"
 # The bound for one admission request while the webhook holds idle connections.
@@ -300,3 +300,47 @@ def test_oversized_request_heads_are_refused(certs: Path, tmp_path: Path) -> Non
             assert conn.getresponse().status in (400, 431)
         finally:
             conn.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("WEBHOOK_BODY_TIMEOUT", "soon", "is not a number of seconds"),
+        ("WEBHOOK_HANDSHAKE_TIMEOUT", "0", "is outside"),
+        ("WEBHOOK_WORKER_CONNECTIONS", "2", "is outside"),
+    ],
+)
+def test_bad_serving_setting_is_named(name: str, value: str, why: str) -> None:
+    with pytest.raises(SettingsError, match=f"{name}.*{why}"):
+        Settings.from_env({name: value})
+
+
+def test_serving_defaults_need_no_configuration() -> None:
+    s = Settings.from_env({})
+    assert (s.workers, s.worker_connections) == (2, 1000)
+    assert (s.handshake_timeout, s.header_timeout, s.body_timeout, s.idle_timeout) == (5, 5, 10, 30)
+    assert s.client_ca_file == ""
+
+
+def test_unreadable_client_ca_exits_1_naming_it(certs: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from localcluster.webhook_host import webhook_command
+
+    env = {
+        **os.environ,
+        "WEBHOOK_TLS_CERT_FILE": str(certs / "tls.crt"),
+        "WEBHOOK_TLS_KEY_FILE": str(certs / "tls.key"),
+        "WEBHOOK_CLIENT_CA_FILE": str(tmp_path / "no-ca.crt"),
+    }
+    res = subprocess.run(
+        [str(webhook_command()), "--bind", f"{HOST}:{free_port()}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 1
+    assert "no-ca.crt" in res.stderr and "WEBHOOK_CLIENT_CA_FILE" in res.stderr
