@@ -338,6 +338,11 @@ def _make_worker_class() -> type:
             try:
                 for server in servers:
                     server.close()
+                # Kept-alive connections waiting for a next request would hold the shutdown until
+                # their idle deadline; close them now (requests in progress finish).
+                for greenlet, conn in list(self.conns.items()):
+                    if conn.phase == "idle":
+                        greenlet.kill(Deadline("idle_timeout"), block=False)
                 started = time.time()
                 while time.time() - started <= self.cfg.graceful_timeout:
                     if all(server.pool.free_count() == server.pool.size for server in servers):
