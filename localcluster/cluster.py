@@ -142,6 +142,9 @@ class Cluster:
     kubeconfig: Path
     procs: dict[str, ManagedProcess] = field(default_factory=dict)
     detached: bool = False
+    # The CA of the client certificate kube-apiserver presents to admission webhooks (any URL):
+    # a webhook started with WEBHOOK_CLIENT_CA_FILE=this accepts only this apiserver.
+    webhook_client_ca_file: Path | None = None
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -163,8 +166,12 @@ class Cluster:
         kubeconfig = workdir / "admin.kubeconfig"
         kubeconfig.write_text(kubeconfig_yaml(server, pki.ca_file, "admin", admin_crt, admin_key))
         cluster = cls(workdir, server, pki.ca_file, kubeconfig, detached=detach)
+        # A CA of its own, so that a webhook trusting it trusts the apiserver's webhook client only.
+        webhook_pki = LocalPKI(workdir / "pki" / "webhook-client")
+        cluster.webhook_client_ca_file = webhook_pki.ca_file
+        webhook_client = webhook_pki.issue("apiserver-webhook-client", "kube-apiserver-webhook-client")
         try:
-            cluster._start_components(pki, api_port, timeout)
+            cluster._start_components(pki, api_port, timeout, webhook_client)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)
         except BaseException:
             cluster.stop()
@@ -188,7 +195,9 @@ class Cluster:
         path.write_text(kubeconfig_yaml(self.server, self.ca_file, name, crt, key))
         return path
 
-    def _start_components(self, pki: LocalPKI, api_port: int, timeout: float) -> None:
+    def _start_components(
+        self, pki: LocalPKI, api_port: int, timeout: float, webhook_client: tuple[Path, Path]
+    ) -> None:
         etcd_client, etcd_peer = free_port(), free_port()
         self._spawn(
             "etcd",
@@ -215,6 +224,7 @@ class Cluster:
             server=True,
         )
         sa_key, sa_pub = pki.service_account_keys()
+        admission_config = self._admission_config(*webhook_client)
         api = self._spawn(
             "kube-apiserver",
             [
@@ -227,6 +237,7 @@ class Cluster:
                 f"--tls-private-key-file={serving_key}",
                 "--tls-min-version=VersionTLS12",
                 f"--client-ca-file={pki.ca_file}",
+                f"--admission-control-config-file={admission_config}",
                 "--authorization-mode=RBAC",
                 "--anonymous-auth=false",
                 f"--service-account-key-file={sa_pub}",
@@ -311,6 +322,55 @@ class Cluster:
         self.wait_until(
             lambda: self._ok("get", "serviceaccount", "default", "-n", "default"), timeout, "default SA"
         )
+
+    def _admission_config(self, crt: Path, key: Path) -> Path:
+        """An AdmissionConfiguration whose webhook kubeconfig gives every webhook call a client certificate.
+
+        The apiserver looks a webhook's ``users`` entry up by the URL's host:port (or, for a Service,
+        ``NAME.NAMESPACE.svc:PORT``), then ``*.``-suffixes of it, the same without ``:443``, and
+        last ``*``. A URL webhook on 127.0.0.1 with a free port only matches ``*``. Servers that do
+        not ask for a client certificate never see it.
+        """
+        kubeconfig = self.workdir / "webhook-admission.kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "users": [
+                        {
+                            "name": "*",
+                            "user": {
+                                "client-certificate-data": base64.b64encode(crt.read_bytes()).decode(),
+                                "client-key-data": base64.b64encode(key.read_bytes()).decode(),
+                            },
+                        }
+                    ],
+                },
+                sort_keys=False,
+            )
+        )
+        kubeconfig.chmod(0o600)
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(kubeconfig),
+        }
+        path = self.workdir / "admission-config.yaml"
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "AdmissionConfiguration",
+                    "plugins": [
+                        {"name": "MutatingAdmissionWebhook", "configuration": plugin},
+                        {"name": "ValidatingAdmissionWebhook", "configuration": plugin},
+                    ],
+                },
+                sort_keys=False,
+            )
+        )
+        return path
 
     def _wait_apiserver(self, api: ManagedProcess, crt: Path, key: Path, timeout: float) -> None:
         import ssl

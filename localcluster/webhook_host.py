@@ -78,7 +78,7 @@ def run_webhook(
     ``env`` adds to (and overrides) the current environment, e.g. ``{"KUBECONFIG": ...}`` so that
     ``/validate`` can look nodes up, or ``{"WEBHOOK_INJECTION_MODE": "nvidia"}``. The returned
     process is started; stop it with ``.stop()`` or use it as a context manager. One worker
-    (of four threads) is plenty on a laptop; the chart runs two.
+    (gevent: up to $WEBHOOK_WORKER_CONNECTIONS connections) is plenty on a laptop; the chart runs two.
     """
     full_env = {
         **os.environ,
@@ -89,7 +89,7 @@ def run_webhook(
     }
     proc = ManagedProcess(
         f"webhook-{port}",
-        [webhook_command(), "--host", HOST, "--port", str(port), "--workers", str(workers), "--threads", "4"],
+        [webhook_command(), "--host", HOST, "--port", str(port), "--workers", str(workers)],
         env=full_env,
         log_path=log_path,
     )

@@ -1,8 +1,13 @@
 """The webhook's Flask application: ``create_app(settings)``.
 
 Routes: ``POST /mutate`` (Pods), ``POST /validate`` (StatefulSets),
-``GET /healthz`` (the process answers) and ``GET /readyz`` (the serving
-certificate and key load). Every answer is JSON.
+``GET /healthz`` (the process answers), ``GET /readyz`` (the serving
+certificate and key load) and ``GET /metrics`` (Prometheus text). Every answer
+but ``/metrics`` is JSON.
+
+With ``WEBHOOK_CLIENT_CA_FILE`` set, ``/mutate`` and ``/validate`` answer 403 unless
+the server (webhook/serve.py) put ``webhook.client_verified`` = True in the WSGI
+environ: the TLS client presented a certificate that verified against that CA.
 
 HTTP status codes:
 
@@ -27,6 +32,7 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from webhook import serving_stats
 from webhook.mutate import admit_pod
 from webhook.nodes import KubeNodeLookup, NodeLookup
 from webhook.review import API_VERSION, KIND, BadRequest, Request, Verdict, parse_request, review, uid_of
@@ -34,6 +40,9 @@ from webhook.settings import Settings
 from webhook.validate import admit_statefulset
 
 log = logging.getLogger("webhook.app")
+_refusals = serving_stats.RateLimitedWarning(log)
+
+ADMISSION_PATHS = ("/mutate", "/validate")
 
 Handler = Callable[[Request], Verdict]
 
@@ -114,6 +123,23 @@ def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Fla
             return _error(500, f"internal error in the gpu-scheduler webhook: {type(exc).__name__}", uid)
         return _json(review(req.uid, verdict))
 
+    @app.before_request
+    def require_client_certificate() -> Response | None:
+        if not settings.client_ca_file or request.path not in ADMISSION_PATHS:
+            return None
+        if request.environ.get("webhook.client_verified") is True:
+            return None
+        serving_stats.client_cert_refused()
+        _refusals.warn(
+            "client_certificate",
+            f"refused {request.path}: no client certificate signed by WEBHOOK_CLIENT_CA_FILE",
+            path=request.path,
+            peer=request.remote_addr,
+        )
+        return _error(
+            403, f"{request.path} needs a client certificate signed by the CA in WEBHOOK_CLIENT_CA_FILE"
+        )
+
     @app.post("/mutate")
     def mutate() -> Response:
         return admit(lambda req: admit_pod(req, settings))
@@ -132,6 +158,11 @@ def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Fla
         ok, why = certs_loaded(settings)
         log.debug("probe", extra={"path": "/readyz", "status": 200 if ok else 503, "reason": why})
         return _json({"status": "ready" if ok else "not ready", "reason": why}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        body, content_type = serving_stats.render()
+        return Response(body, status=200, content_type=content_type)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:

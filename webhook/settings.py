@@ -34,6 +34,15 @@ class Settings:
     log_level: str = "INFO"
     # None: in-cluster config when running in a pod, else no API access (node checks skipped).
     kubeconfig: str | None = None
+    # Serving (webhook/serve.py): gunicorn gevent workers, per-connection deadlines in seconds.
+    workers: int = 2
+    worker_connections: int = 1000
+    handshake_timeout: float = 5.0
+    header_timeout: float = 5.0
+    body_timeout: float = 10.0
+    idle_timeout: float = 30.0
+    # "" = off; else /mutate and /validate need a client certificate signed by this CA.
+    client_ca_file: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -53,6 +62,16 @@ class Settings:
                 raise SettingsError(f"{name}={raw!r} is not an integer") from None
             if not low <= value <= high:
                 raise SettingsError(f"{name}={value} is outside {low}..{high}")
+            return value
+
+        def seconds(name: str, default: float, low: float, high: float) -> float:
+            raw = get(name, str(default))
+            try:
+                value = float(raw)
+            except ValueError:
+                raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
+            if not low <= value <= high:
+                raise SettingsError(f"{name}={value:g} is outside {low:g}..{high:g} seconds")
             return value
 
         mode = get("WEBHOOK_INJECTION_MODE", d.injection_mode).lower()
@@ -76,4 +95,11 @@ class Settings:
             max_body_bytes=integer("WEBHOOK_MAX_BODY_BYTES", d.max_body_bytes, 1024, 1 << 30),
             log_level=level,
             kubeconfig=env.get("KUBECONFIG") or None,
+            workers=integer("WEBHOOK_WORKERS", d.workers, 1, 64),
+            worker_connections=integer("WEBHOOK_WORKER_CONNECTIONS", d.worker_connections, 8, 100_000),
+            handshake_timeout=seconds("WEBHOOK_HANDSHAKE_TIMEOUT", d.handshake_timeout, 0.1, 300),
+            header_timeout=seconds("WEBHOOK_HEADER_TIMEOUT", d.header_timeout, 0.1, 300),
+            body_timeout=seconds("WEBHOOK_BODY_TIMEOUT", d.body_timeout, 0.1, 300),
+            idle_timeout=seconds("WEBHOOK_IDLE_TIMEOUT", d.idle_timeout, 0.1, 3600),
+            client_ca_file=get("WEBHOOK_CLIENT_CA_FILE", d.client_ca_file),
         )
