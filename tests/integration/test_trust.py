@@ -91,18 +91,24 @@ def assert_bound_pods_carry_their_devices(
         assert env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", name
 
 
-def all_running_with_devices(kube: Any, namespace: str, smap: dict[int, tuple[str, str]]) -> bool:
-    pods = [p for p in pods_of(kube, namespace) if not p["metadata"].get("deletionTimestamp")]
-    if len(pods) != len(smap):
-        return False
-    for pod in pods:
-        ordinal = int(pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"])
-        node, devices = smap[ordinal]
-        if pod["status"].get("phase") != "Running" or pod["spec"].get("nodeName") != node:
+def all_running_with_devices(kube: Any, namespace: str, expect: dict[str, tuple[str, str]]) -> bool:
+    """Every named pod (``name -> (node, devices)``) Running on its node with its devices."""
+    pods = {
+        p["metadata"]["name"]: p
+        for p in pods_of(kube, namespace)
+        if not p["metadata"].get("deletionTimestamp")
+    }
+    for name, (node, devices) in expect.items():
+        pod = pods.get(name)
+        if pod is None or pod["status"].get("phase") != "Running" or pod["spec"].get("nodeName") != node:
             return False
         if env_of(pod).get("CUDA_VISIBLE_DEVICES") != devices:
             return False
     return True
+
+
+def named(prefix: str, smap: dict[int, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    return {f"{prefix}-{i}": v for i, v in smap.items()}
 
 
 class Webhook:
@@ -189,7 +195,8 @@ def other_namespace(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     cluster.wait_until(
         lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=60,
+        60,
+        f"the default ServiceAccount of {name}",
     )
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
@@ -290,7 +297,11 @@ def test_tenant_annotations_can_neither_squat_nor_free_a_gpu(
         cluster.kubectl(
             "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("w", f"0={node}:0", 1))
         )
-        wait_for(lambda: all_running_with_devices(kube, namespace, smap), 60, what=f"w-0 Running on {node}:0")
+        wait_for(
+            lambda: all_running_with_devices(kube, namespace, named("w", smap)),
+            60,
+            what=f"w-0 Running on {node}:0",
+        )
         if res.returncode == 0:
             events_ = events(kube, namespace, "FailedScheduling")
             assert not any("squatter" in (e.get("message") or "") for e in events_), events_
@@ -307,7 +318,7 @@ def test_tenant_annotations_can_neither_squat_nor_free_a_gpu(
             "apply", "-n", other_namespace, "-f", "-", input=json.dumps(victim), kubeconfig=tenant
         )
         wait_for(
-            lambda: all_running_with_devices(kube, other_namespace, {0: (node, "1")}),
+            lambda: all_running_with_devices(kube, other_namespace, {"mine-0": (node, "1")}),
             60,
             what=f"mine-0 Running on {node}:1",
         )
@@ -349,7 +360,7 @@ def test_tenant_annotations_can_neither_squat_nor_free_a_gpu(
             what="x-0 bound once mine-0 is gone",
         )
         assert_no_gpu_twice(kube, [namespace, other_namespace])
-        assert sched.poll() is None
+        assert sched.running()
 
 
 # -- the webhook down under failurePolicy Ignore ----------------------------------------------------
@@ -389,7 +400,11 @@ def test_pods_admitted_without_injection_are_never_bound_and_heal_when_the_webho
 
         # It comes back: every replica ends Running on its node with its devices.
         webhook.start()
-        wait_for(lambda: all_running_with_devices(kube, namespace, smap), 90, what="every replica healed")
+        wait_for(
+            lambda: all_running_with_devices(kube, namespace, named("w", smap)),
+            90,
+            what="every replica healed",
+        )
         assert_bound_pods_carry_their_devices(kube, namespace, smap)
         assert_no_gpu_twice(kube, [namespace])
         assert metric(sched, "gpu_scheduler_pods_bound_total") == 6
