@@ -349,7 +349,7 @@ class LeaderElector:
                 extra={
                     "lease": f"{self.namespace}/{self.name}",
                     "holder": record.holder,
-                    "leaseDurationSeconds": record.duration,
+                    "leaseDurationSeconds": int(record.duration),
                 },
             )
 
@@ -365,7 +365,7 @@ class LeaderElector:
             extra={
                 "lease": f"{self.namespace}/{self.name}",
                 "holder": record.holder,
-                "leaseDurationSeconds": record.duration,
+                "leaseDurationSeconds": int(record.duration),
                 "detail": note,
             },
         )
