@@ -119,6 +119,11 @@ class Scheduler:
                 retry_period=settings.retry_period,
                 on_started=self._started_leading,
                 on_stopped=self._stopped_leading,
+                events=self.events,
+            )
+            elector = self.elector
+            self.metrics.track_leader(
+                lambda: elector.health().last_renewal_age_s, lambda: elector.health().renewing
             )
         self.stop_event = threading.Event()
         self._lock = threading.Lock()
@@ -466,7 +471,10 @@ class Scheduler:
         return checks
 
     def ready(self) -> dict[str, bool]:
-        return {"pods-synced": self.pods.synced.is_set(), "nodes-synced": self.nodes.synced.is_set()}
+        checks = {"pods-synced": self.pods.synced.is_set(), "nodes-synced": self.nodes.synced.is_set()}
+        if self.elector is not None:  # not a liveness check: a restart cannot make anyone renew
+            checks["leader-renewing"] = self.elector.health().renewing
+        return checks
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -474,6 +482,7 @@ class Scheduler:
             "identity": self.settings.identity,
             "leaderElection": self.elector is not None,
             "leader": self.is_leader(),
+            "lease": self.elector.health().as_dict() if self.elector else None,
             "ready": all(self.ready().values()),
             "queue": len(self.queue),
             "unschedulable": len(self._waiting_on),

@@ -1,5 +1,8 @@
 """Events about pods (events.k8s.io/v1), written off the scheduling path.
 
+(Plus the odd one-off Warning about another object: the leader's Lease, see
+:meth:`EventRecorder.object_warning`.)
+
 ``kubectl describe pod`` and ``kubectl get events`` show them. A pod that
 stays unschedulable for the same reason gets one Event, not one per retry:
 the repeat is counted and, at most every ``refresh`` seconds, written as the
@@ -113,6 +116,20 @@ class EventRecorder:
             )
         )
 
+    def object_warning(
+        self, regarding: client.V1ObjectReference, reason: str, note: str, action: str = ACTION
+    ) -> None:
+        """A one-off Warning about any namespaced object (the leader's Lease); no series."""
+        name = self._name({"name": regarding.name})
+        self._put(
+            _Write(
+                "create",
+                regarding.namespace or "",
+                name,
+                self._event_about(regarding, name, "Warning", reason, truncate(note), action),
+            )
+        )
+
     def forget(self, uid: str) -> None:
         with self._lock:
             self._seen.pop(uid, None)
@@ -202,21 +219,27 @@ class EventRecorder:
         self, pod: Mapping[str, Any], name: str, kind: str, reason: str, note: str
     ) -> client.EventsV1Event:
         meta = pod.get("metadata") or {}
+        regarding = client.V1ObjectReference(
+            api_version="v1",
+            kind="Pod",
+            namespace=meta.get("namespace"),
+            name=meta.get("name"),
+            uid=meta.get("uid"),
+            resource_version=meta.get("resourceVersion"),
+        )
+        return self._event_about(regarding, name, kind, reason, note, ACTION)
+
+    def _event_about(
+        self, regarding: client.V1ObjectReference, name: str, kind: str, reason: str, note: str, action: str
+    ) -> client.EventsV1Event:
         return client.EventsV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=meta.get("namespace")),
+            metadata=client.V1ObjectMeta(name=name, namespace=regarding.namespace),
             event_time=micro_datetime(),
             type=kind,
             reason=reason,
-            action=ACTION,
+            action=action,
             note=note,
-            regarding=client.V1ObjectReference(
-                api_version="v1",
-                kind="Pod",
-                namespace=meta.get("namespace"),
-                name=meta.get("name"),
-                uid=meta.get("uid"),
-                resource_version=meta.get("resourceVersion"),
-            ),
+            regarding=regarding,
             reporting_controller=self._controller,
             reporting_instance=self._instance,
         )

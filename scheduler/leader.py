@@ -11,6 +11,15 @@
   candidate can take over.
 * On shutdown the leader releases the Lease (no holder, 1 s duration) so a
   standby takes over at its next try instead of after ``lease_duration``.
+* A record that claims more than ``ABSURD_FACTOR`` times our own
+  ``lease_duration`` (a garbage or hostile Lease, e.g. 2147483647 s) is
+  trusted for ``lease_duration`` only: taken over once it went unrenewed
+  that long, with a WARNING log and an Event on the Lease.
+* Health (:meth:`LeaderElector.health`, :func:`renewing`): the Lease counts
+  as kept while this process leads, or while its record changed less than
+  ``RENEWAL_GRACE`` times ``lease_duration`` ago (as observed here) and does
+  not claim an absurd duration. Readiness and a gauge report it; liveness
+  does not (a restart cannot make anyone renew).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -29,6 +38,21 @@ from kubernetes.client.exceptions import ApiException
 from scheduler.kube import discard, error_message, micro_datetime, parse_time, read_json
 
 log = logging.getLogger("gpu_scheduler.leader")
+
+# A record claiming more than ABSURD_FACTOR x our lease duration is trusted for our duration only.
+ABSURD_FACTOR = 10
+# Nobody renewed for RENEWAL_GRACE x our lease duration: scheduling is stalled (readiness fails).
+RENEWAL_GRACE = 2
+ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"  # the Event's reason
+EVENT_ACTION = "LeaderElection"
+
+
+class LeaseEvents(Protocol):
+    """Where the elector reports a takeover worth an Event (scheduler.events.EventRecorder)."""
+
+    def object_warning(
+        self, regarding: client.V1ObjectReference, reason: str, note: str, action: str
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -39,6 +63,7 @@ class LeaseRecord:
     renew_time: str | None
     transitions: int
     resource_version: str
+    uid: str = ""
 
     @classmethod
     def from_object(cls, lease: Mapping[str, Any]) -> LeaseRecord:
@@ -50,18 +75,84 @@ class LeaseRecord:
             renew_time=spec.get("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
             resource_version=(lease.get("metadata") or {}).get("resourceVersion") or "",
+            uid=(lease.get("metadata") or {}).get("uid") or "",
         )
 
 
-def may_acquire(record: LeaseRecord | None, identity: str, observed_at: float, now: float) -> bool:
+def is_absurd(duration: float, configured: float) -> bool:
+    """A claimed duration over ``ABSURD_FACTOR`` times ours."""
+    return duration > ABSURD_FACTOR * configured
+
+
+def effective_duration(duration: float, configured: float | None) -> float:
+    """How long a record that stopped changing is trusted: its own claim, unless absurd (then ours)."""
+    if configured is not None and is_absurd(duration, configured):
+        return configured
+    return duration
+
+
+def may_acquire(
+    record: LeaseRecord | None,
+    identity: str,
+    observed_at: float,
+    now: float,
+    configured: float | None = None,
+) -> bool:
     """Whether ``identity`` may write the Lease now.
 
     ``observed_at`` is when this process last saw the record change (monotonic);
-    ``now`` is the same clock.
+    ``now`` is the same clock. ``configured`` is our own lease duration: a
+    record claiming over ``ABSURD_FACTOR`` times it is trusted for
+    ``configured`` seconds only. The record's renewTime is never read (other
+    clocks are not trusted), so an empty or far-future renewTime blocks
+    nothing.
     """
     if record is None or not record.holder or record.holder == identity:
         return True
-    return now >= observed_at + record.duration
+    return now >= observed_at + effective_duration(record.duration, configured)
+
+
+def renewing(age: float | None, lease_duration: float, leading: bool, absurd: bool = False) -> bool:
+    """Whether a sound leader keeps the Lease.
+
+    True while this process leads, or while the record changed less than
+    ``RENEWAL_GRACE`` x ``lease_duration`` ago (``age``, observed here; None:
+    not read yet, so no verdict) and its holder does not claim an ``absurd``
+    duration (no replica of ours writes one: garbage, or replicas that
+    disagree on their timings).
+    """
+    if leading or age is None:
+        return True
+    return age < RENEWAL_GRACE * lease_duration and not absurd
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@dataclass(frozen=True)
+class LeaderHealth:
+    """What /health, /readyz and /metrics report about the Lease."""
+
+    holder: str  # the holder last observed ("" when free or not read yet)
+    leading: bool
+    # Since the record last changed, as observed here (monotonic); None before the first try.
+    last_renewal_age_s: float | None
+    lease_duration_s: float  # ours (GPU_SCHEDULER_LEASE_DURATION), not the record's claim
+    holder_lease_duration_s: float | None  # what the record claims
+    absurd_duration: bool  # another holder claims over ABSURD_FACTOR x lease_duration_s
+    renewing: bool  # see renewing()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "holder": self.holder,
+            "leading": self.leading,
+            "last_renewal_age_s": _rounded(self.last_renewal_age_s),
+            "lease_duration_s": self.lease_duration_s,
+            "holder_lease_duration_s": self.holder_lease_duration_s,
+            "absurd_duration": self.absurd_duration,
+            "renewing": self.renewing,
+        }
 
 
 class LeaderElector:
@@ -77,6 +168,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         on_started: Callable[[], None] = lambda: None,
         on_stopped: Callable[[], None] = lambda: None,
+        events: LeaseEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = coordination
@@ -88,12 +180,15 @@ class LeaderElector:
         self.retry_period = retry_period
         self._on_started = on_started
         self._on_stopped = on_stopped
+        self._events = events
         self._clock = clock
         self._lock = threading.Lock()
         self._leading = False
         self._renewed_at = 0.0  # start of the last successful write (monotonic)
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0
+        self._started_at: float | None = None  # first try (monotonic); health is unknown before
+        self._warned: tuple[str, float] | None = None  # (holder, duration) last warned about as absurd
         self._timeout = max(1.0, renew_deadline / 2)
         self._thread: threading.Thread | None = None
 
@@ -109,6 +204,28 @@ class LeaderElector:
         """The holder this process last saw (for /health)."""
         return self._observed.holder if self._observed else ""
 
+    def health(self) -> LeaderHealth:
+        """The Lease as this process sees it (for /health, /readyz, /metrics)."""
+        leading = self.is_leader()
+        with self._lock:
+            observed = self._observed
+            age = None if self._started_at is None else max(0.0, self._clock() - self._observed_at)
+        absurd = (
+            observed is not None
+            and bool(observed.holder)
+            and observed.holder != self.identity
+            and is_absurd(observed.duration, self.lease_duration)
+        )
+        return LeaderHealth(
+            holder=observed.holder if observed else "",
+            leading=leading,
+            last_renewal_age_s=age,
+            lease_duration_s=self.lease_duration,
+            holder_lease_duration_s=observed.duration if observed else None,
+            absurd_duration=absurd,
+            renewing=renewing(age, self.lease_duration, leading, absurd),
+        )
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -123,11 +240,18 @@ class LeaderElector:
         self._thread.start()
         return self._thread
 
+    def begin(self) -> None:
+        """Start the renewal clock: from now on, no change for long enough makes health fail."""
+        with self._lock:
+            if self._started_at is None:
+                self._started_at = self._observed_at = self._clock()
+
     def run(self, stop: threading.Event) -> None:
         log.info(
             "leader election started",
             extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity},
         )
+        self.begin()
         while not stop.is_set():
             started = self._clock()
             try:
@@ -199,13 +323,69 @@ class LeaderElector:
             raise
         return LeaseRecord.from_object(read_json(resp))
 
-    def _observe(self, record: LeaseRecord | None) -> None:
-        if record is None:
-            self._observed = None
-            return
-        if self._observed is None or record.resource_version != self._observed.resource_version:
+    def observe(self, record: LeaseRecord | None) -> None:
+        """Record what a read or a write of the Lease returned (its change time is the local clock)."""
+        with self._lock:
+            if record is None:
+                if self._observed is not None:  # deleted: a change too
+                    self._observed = None
+                    self._observed_at = self._clock()
+                return
+            if self._observed is not None and record.resource_version == self._observed.resource_version:
+                return
             self._observed = record
             self._observed_at = self._clock()
+        if (
+            record.holder
+            and record.holder != self.identity
+            and is_absurd(record.duration, self.lease_duration)
+            and self._warned != (record.holder, record.duration)
+        ):
+            self._warned = (record.holder, record.duration)
+            log.warning(
+                f"lease holder {record.holder} claims leaseDurationSeconds={record.duration:.0f}, over "
+                f"{ABSURD_FACTOR}x the configured {self.lease_duration:g}s: trusting it for "
+                f"{self.lease_duration:g}s only",
+                extra={
+                    "lease": f"{self.namespace}/{self.name}",
+                    "holder": record.holder,
+                    "leaseDurationSeconds": int(record.duration),
+                },
+            )
+
+    def _took_over_absurd(self, record: LeaseRecord) -> None:
+        """We replaced a record whose duration was absurd: say so in the log and on the Lease."""
+        note = (
+            f"lease holder {record.holder!r} claimed leaseDurationSeconds={record.duration:.0f}, over "
+            f"{ABSURD_FACTOR}x the configured {self.lease_duration:g}s, and did not renew for "
+            f"{self.lease_duration:g}s: taken over by {self.identity!r}"
+        )
+        log.warning(
+            "took over a lease with an absurd duration",
+            extra={
+                "lease": f"{self.namespace}/{self.name}",
+                "holder": record.holder,
+                "leaseDurationSeconds": int(record.duration),
+                "detail": note,
+            },
+        )
+        if self._events is None:
+            return
+        try:
+            self._events.object_warning(
+                client.V1ObjectReference(
+                    api_version="coordination.k8s.io/v1",
+                    kind="Lease",
+                    namespace=self.namespace,
+                    name=self.name,
+                    uid=record.uid or None,
+                ),
+                ABSURD_LEASE_DURATION,
+                note,
+                EVENT_ACTION,
+            )
+        except Exception as err:  # an Event is best effort; leading is not
+            log.warning("could not record the lease event", extra={"error": error_message(err)})
 
     def try_acquire_or_renew(self) -> bool:
         record = self._get()
@@ -221,10 +401,10 @@ class LeaderElector:
                 if err.status == 409:  # someone created it first
                     return False
                 raise
-            self._observe(LeaseRecord.from_object(read_json(resp)))
+            self.observe(LeaseRecord.from_object(read_json(resp)))
             return True
-        self._observe(record)
-        if not may_acquire(record, self.identity, self._observed_at, self._clock()):
+        self.observe(record)
+        if not may_acquire(record, self.identity, self._observed_at, self._clock(), self.lease_duration):
             return False
         try:
             resp = self._api.replace_namespaced_lease(
@@ -238,7 +418,13 @@ class LeaderElector:
             if err.status == 409:  # another candidate wrote first
                 return False
             raise
-        self._observe(LeaseRecord.from_object(read_json(resp)))
+        self.observe(LeaseRecord.from_object(read_json(resp)))
+        if (
+            record.holder
+            and record.holder != self.identity
+            and is_absurd(record.duration, self.lease_duration)
+        ):
+            self._took_over_absurd(record)
         return True
 
     def release(self) -> bool:

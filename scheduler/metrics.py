@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -37,6 +38,18 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge("gpu_scheduler_leader", "1 while this process holds the Lease.", registry=r)
+        self.leader_renewal_age = Gauge(
+            "gpu_scheduler_leader_last_renewal_age_seconds",
+            "Seconds since this process saw the Lease record change (NaN without leader election).",
+            registry=r,
+        )
+        self.leader_renewal_age.set(math.nan)
+        self.leader_healthy = Gauge(
+            "gpu_scheduler_leader_healthy",
+            "1 while some replica keeps the Lease (renewed within 2x the lease duration), else 0.",
+            registry=r,
+        )
+        self.leader_healthy.set(1)
         self.queue_depth = Gauge(
             "gpu_scheduler_queue_depth", "Pods waiting in the work queue (ready or retrying).", registry=r
         )
@@ -65,6 +78,16 @@ class Metrics:
     def track(self, queue_depth: Callable[[], float], unschedulable: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.unschedulable.set_function(unschedulable)
+
+    def track_leader(self, age: Callable[[], float | None], healthy: Callable[[], bool]) -> None:
+        """Read the Lease's health at each scrape (``age`` None: not known yet, exported as NaN)."""
+
+        def age_or_nan() -> float:
+            value = age()
+            return math.nan if value is None else value
+
+        self.leader_renewal_age.set_function(age_or_nan)
+        self.leader_healthy.set_function(lambda: 1.0 if healthy() else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,11 +1,16 @@
 """The HTTP endpoints: /health, /healthz, /readyz, /metrics (stdlib threaded server).
 
 * ``/healthz`` (liveness): 200 while every loop (watches, workers, leader
-  election, event sender) is alive, else 503.
-* ``/readyz`` (readiness): 200 once the caches have synced. A standby that
-  is not the leader is ready: it could take over at once.
-* ``/health``: a JSON summary for people (``{"status": "ok", ...}``), 200 when
-  alive, 503 when not.
+  election, event sender) is alive, else 503. A Lease nobody renews does not
+  fail it: restarting cannot make anyone renew, and would only flap.
+* ``/readyz`` (readiness): 200 once the caches have synced and, with leader
+  election, while someone keeps the Lease (``leader-renewing``: this process
+  leads, or the record changed within 2x the lease duration as observed
+  here). A standby is ready while the leader renews; when nobody renews,
+  every replica turns not ready, so ``kubectl get pods`` and alerts show
+  that scheduling has stopped.
+* ``/health``: a JSON summary for people (``{"status": "ok", ...}``, with a
+  ``lease`` object), 200 when alive, 503 when not.
 * ``/metrics``: Prometheus text format.
 """
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 
-from scheduler.core import is_pending, pod_signature
+from scheduler.core import Scheduler, is_pending, pod_signature
+from scheduler.leader import LeaseRecord
 from scheduler.metrics import Metrics
 from scheduler.server import HealthServer, Probes
+from scheduler.settings import Settings
 
 
 class State:
@@ -90,6 +94,112 @@ def test_metrics(served: tuple[str, State, Metrics]) -> None:
     assert "gpu_scheduler_leader 1.0" in text
     assert "gpu_scheduler_queue_depth 3.0" in text
     assert "gpu_scheduler_unschedulable_pods 1.0" in text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def lease_scheduler() -> Iterator[tuple[str, Scheduler, FakeClock]]:
+    """The real Scheduler's probes, caches marked synced, its elector on a fake clock and fed by hand.
+
+    Nothing is started: no request reaches an apiserver (the ApiClient points nowhere).
+    """
+    settings = Settings(identity="me", lease_duration=3, renew_deadline=2, retry_period=0.5).validate()
+    sched = Scheduler(settings, client.ApiClient())
+    assert sched.elector is not None
+    clock = FakeClock()
+    sched.elector._clock = clock
+    sched.pods.synced.set()
+    sched.nodes.synced.set()
+    server = HealthServer("127.0.0.1", 0, sched.probes())
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}", sched, clock
+    finally:
+        server.stop()
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_readiness_fails_when_nobody_renews_for_twice_the_lease_duration(
+    lease_scheduler: tuple[str, Scheduler, FakeClock],
+) -> None:
+    url, sched, clock = lease_scheduler
+    elector = sched.elector
+    assert elector is not None
+    # Before leader election started: no verdict, ready once the caches synced.
+    code, _, body = get(url + "/readyz")
+    assert code == 200, body
+    assert json.loads(body)["checks"]["leader-renewing"] is True
+    assert math.isnan(_sample(get(url + "/metrics")[2], "gpu_scheduler_leader_last_renewal_age_seconds"))
+    alive_before = sched.alive()
+
+    elector.begin()
+    elector.observe(LeaseRecord("replica-b", 3, None, None, 0, "1"))
+    clock.now += 5.9  # the other replica's last renewal, 5.9 s ago: a healthy standby
+    assert get(url + "/readyz")[0] == 200
+    lease = json.loads(get(url + "/health")[2])["lease"]
+    assert lease["holder"] == "replica-b"
+    assert lease["leading"] is False
+    assert lease["renewing"] is True
+    assert lease["lease_duration_s"] == 3
+    assert lease["last_renewal_age_s"] == pytest.approx(5.9)
+
+    clock.now += 0.2  # 6.1 s > 2 x 3 s: nobody renews
+    code, _, body = get(url + "/readyz")
+    assert code == 503
+    assert json.loads(body)["checks"] == {"pods-synced": True, "nodes-synced": True, "leader-renewing": False}
+    _, _, body = get(url + "/health")
+    data = json.loads(body)
+    assert data["lease"]["renewing"] is False
+    assert data["ready"] is False
+    metrics = get(url + "/metrics")[2]
+    assert _sample(metrics, "gpu_scheduler_leader_healthy") == 0
+    assert _sample(metrics, "gpu_scheduler_leader_last_renewal_age_seconds") == pytest.approx(6.1)
+    # Liveness does not look at the Lease (a restart cannot make anyone renew).
+    assert sched.alive() == alive_before
+    assert "leader-renewing" not in sched.alive()
+
+    # Someone renews again: ready at once.
+    elector.observe(LeaseRecord("replica-c", 3, None, None, 1, "2"))
+    assert get(url + "/readyz")[0] == 200
+    metrics = get(url + "/metrics")[2]
+    assert _sample(metrics, "gpu_scheduler_leader_healthy") == 1
+    assert _sample(metrics, "gpu_scheduler_leader_last_renewal_age_seconds") == 0
+
+
+def test_readiness_fails_at_once_while_a_holder_claims_an_absurd_duration(
+    lease_scheduler: tuple[str, Scheduler, FakeClock],
+) -> None:
+    url, sched, _ = lease_scheduler
+    assert sched.elector is not None
+    sched.elector.begin()
+    sched.elector.observe(LeaseRecord("garbage", 2147483647, None, None, 0, "1"))
+    code, _, body = get(url + "/readyz")
+    assert code == 503
+    assert json.loads(body)["checks"]["leader-renewing"] is False
+    lease = json.loads(get(url + "/health")[2])["lease"]
+    assert lease["absurd_duration"] is True
+    assert lease["holder_lease_duration_s"] == 2147483647
+
+
+def test_without_leader_election_there_is_no_lease_check() -> None:
+    sched = Scheduler(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
+    assert "leader-renewing" not in sched.ready()
+    assert sched.summary()["lease"] is None
+    metrics = sched.metrics.render().decode()
+    assert _sample(metrics, "gpu_scheduler_leader_healthy") == 1
 
 
 def test_unknown_path(served: tuple[str, State, Metrics]) -> None:
