@@ -7,6 +7,7 @@ explains each one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -17,6 +18,8 @@ GpuResourcePolicy = Literal["warn", "deny"]
 INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia")
 GPU_RESOURCE_POLICIES: tuple[GpuResourcePolicy, ...] = ("warn", "deny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# spec.schedulerName is a DNS subdomain (RFC 1123).
+_SCHEDULER_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class SettingsError(ValueError):
@@ -34,6 +37,8 @@ class Settings:
     log_level: str = "INFO"
     # None: in-cluster config when running in a pod, else no API access (node checks skipped).
     kubeconfig: str | None = None
+    # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
+    scheduler_name: str = "gpu-scheduler"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -67,6 +72,12 @@ class Settings:
         level = get("WEBHOOK_LOG_LEVEL", d.log_level).upper()
         if level not in LOG_LEVELS:
             raise SettingsError(f"WEBHOOK_LOG_LEVEL={level!r}: choose one of {', '.join(LOG_LEVELS)}")
+        scheduler_name = get("WEBHOOK_SCHEDULER_NAME", d.scheduler_name)
+        if len(scheduler_name) > 253 or not _SCHEDULER_NAME_RE.fullmatch(scheduler_name):
+            raise SettingsError(
+                f"WEBHOOK_SCHEDULER_NAME={scheduler_name[:80]!r} is not a valid scheduler name "
+                "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
+            )
         return cls(
             port=integer("WEBHOOK_PORT", d.port, 1, 65535),
             tls_cert_file=get("WEBHOOK_TLS_CERT_FILE", d.tls_cert_file),
@@ -76,4 +87,5 @@ class Settings:
             max_body_bytes=integer("WEBHOOK_MAX_BODY_BYTES", d.max_body_bytes, 1024, 1 << 30),
             log_level=level,
             kubeconfig=env.get("KUBECONFIG") or None,
+            scheduler_name=scheduler_name,
         )
