@@ -177,9 +177,26 @@ def _check_text(report: MapReport, text: str) -> None:
     try:
         report.smap = parse(text)
     except MapError as err:
+        # Line 0 is the whole map (its size): point at the annotation's key.
+        key_line = report.found.key_line if report.found else None
         for p in err.problems:
             report.errors.append(
-                {"line": p.line, "file_line": report.file_line(p.line), "text": p.text, "message": p.message}
+                {
+                    "line": p.line or None,
+                    "file_line": report.file_line(p.line) if p.line else key_line,
+                    "text": p.text or None,
+                    "message": p.message,
+                }
+            )
+        if err.more:
+            report.errors.append(
+                {
+                    "line": None,
+                    "file_line": key_line,
+                    "text": None,
+                    "message": f"and {err.more} more problem{'' if err.more == 1 else 's'} "
+                    f"(only the first {len(err.problems)} are listed)",
+                }
             )
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_scheduling.schedmap import ANNOTATION, Entry, SchedulingMap, parse
+from gpu_scheduling.schedmap import ANNOTATION, Entry, SchedulingMap, parse_cached
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 # Where the scheduler records what it bound, for the ledger and for users.
@@ -37,9 +37,13 @@ def map_text(metadata: Mapping[str, Any] | None) -> str | None:
 
 
 def pod_map(metadata: Mapping[str, Any] | None) -> SchedulingMap | None:
-    """The pod's parsed map, ``None`` when it has no annotation; raises MapError when malformed."""
+    """The pod's parsed map, ``None`` when it has no annotation; raises MapError when malformed.
+
+    Every pod of a StatefulSet carries the same text: it is parsed once
+    (:func:`gpu_scheduling.schedmap.parse_cached`).
+    """
     text = map_text(metadata)
-    return None if text is None else parse(text)
+    return None if text is None else parse_cached(text)
 
 
 def entry_for(metadata: Mapping[str, Any] | None, name: str | None = None) -> tuple[int | None, Entry | None]:

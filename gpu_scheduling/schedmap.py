@@ -8,17 +8,33 @@ Grammar (one entry per line, or several separated by ``;``)::
 * ORDINAL and GPU are non-negative decimal integers;
 * NODE is a Kubernetes node name (an RFC 1123 DNS subdomain).
 
-Every error names the line (1-based, counted in the annotation's text) and the
-offending text. The scheduler, the webhook, the check program and the
-``gpu-scheduler-map`` command all call :func:`parse`; nothing else parses the
+Every error names the line (1-based, counted in the annotation's text) and an
+excerpt of the offending text. The scheduler, the webhook, the check program
+and the ``gpu-scheduler-map`` command all call :func:`parse` (or
+:func:`parse_cached`, which remembers its answers); nothing else parses the
 map.
+
+Every input has a size, and the cost of an error does not grow with it:
+
+* a text of more than :data:`MAX_MAP_BYTES` (UTF-8) is refused before any
+  parsing, with one problem that says how large it is;
+* a problem quotes at most :data:`EXCERPT_CHARS` characters of the entry (its
+  start, then ``…``), and so does every token quoted in its message;
+* a :class:`MapError` lists the first :data:`MAX_PROBLEMS_LISTED` problems and
+  counts the rest (``...; and 42 more problems``).
+
+Parsing is linear in the text's length.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 ANNOTATION = "gpu-scheduling-map"
 
@@ -31,25 +47,103 @@ _INT_RE = re.compile(r"[0-9]+")
 MAX_ORDINAL = 1_000_000
 MAX_GPU_INDEX = 1023
 
+# The largest map text accepted, in UTF-8 bytes: the apiserver's limit on all of
+# an object's annotations together (256 KiB), so no map an apiserver stores is
+# refused. A 3,000-entry map ("2999=gpu-node-17.example.com:0,1,2,3") is ~110 KB.
+MAX_MAP_BYTES = 256 * 1024
+# Characters of an entry (or of a token) an error message quotes.
+EXCERPT_CHARS = 48
+# Problems a MapError lists; the others are counted.
+MAX_PROBLEMS_LISTED = 10
+# Bounds on one problem's message and on its rendering (str(problem)); reached
+# only by pathological text (repr() may spell a character with 10).
+MAX_MESSAGE_CHARS = 300
+MAX_PROBLEM_CHARS = 400
+# So len(str(MapError)) <= MAX_ERROR_CHARS, whatever the map.
+MAX_ERROR_CHARS = MAX_PROBLEMS_LISTED * (MAX_PROBLEM_CHARS + 2) + 40
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` when it has at most ``limit`` characters, else its start and ``…``."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _quoted(token: str) -> str:
+    return repr(excerpt(token))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a lone surrogate counts 3), without copying all of it at once."""
+    if len(text) * 4 <= MAX_MAP_BYTES:
+        return len(text.encode("utf-8", "surrogatepass"))
+    step = 1 << 16
+    return sum(len(text[i : i + step].encode("utf-8", "surrogatepass")) for i in range(0, len(text), step))
+
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with a map: where it is and why."""
+    """One thing wrong with a map: where it is and why.
+
+    ``text`` is an excerpt of the entry (at most EXCERPT_CHARS characters) and
+    ``message`` is bounded too, whatever the caller passes. Line 0 is the whole
+    map (its type, its size).
+    """
 
     line: int
     text: str
     message: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", excerpt(self.text))
+        object.__setattr__(self, "message", _cut(self.message, MAX_MESSAGE_CHARS))
+
     def __str__(self) -> str:
-        return f"line {self.line}: {self.message} (in {self.text!r})"
+        where = f"line {self.line}: " if self.line else ""
+        quoted = f" (in {self.text!r})" if self.text else ""
+        return _cut(f"{where}{self.message}{quoted}", MAX_PROBLEM_CHARS)
 
 
 class MapError(ValueError):
-    """The map cannot be used; :attr:`problems` lists every reason found."""
+    """The map cannot be used.
 
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("; ".join(str(p) for p in problems))
+    :attr:`problems` holds the first MAX_PROBLEMS_LISTED problems found, in text
+    order, and :attr:`more` counts the others; ``str()`` lists the first ones and
+    ends with ``and N more problems``.
+    """
+
+    def __init__(self, problems: Sequence[Problem], more: int = 0):
+        listed = list(problems[:MAX_PROBLEMS_LISTED])
+        self.problems = listed
+        self.more = more + len(problems) - len(listed)
+        message = "; ".join(str(p) for p in listed)
+        if self.more:
+            message += f"; and {self.more} more problem{'' if self.more == 1 else 's'}"
+        super().__init__(message)
+
+    @property
+    def count(self) -> int:
+        """How many problems were found in all."""
+        return len(self.problems) + self.more
+
+
+class _Problems:
+    """The problems of one parse: the first MAX_PROBLEMS_LISTED kept, the rest counted."""
+
+    def __init__(self) -> None:
+        self.listed: list[Problem] = []
+        self.count = 0
+
+    def add(self, line: int, text: str, message: str | Callable[[], str]) -> None:
+        self.count += 1
+        if len(self.listed) < MAX_PROBLEMS_LISTED:
+            self.listed.append(Problem(line, text, message if isinstance(message, str) else message()))
+
+    def error(self) -> MapError:
+        return MapError(self.listed, self.count - len(self.listed))
 
 
 @dataclass(frozen=True)
@@ -93,76 +187,87 @@ class SchedulingMap(Mapping[int, Entry]):
         return {e.node for e in self.entries.values()}
 
 
-def _int(token: str, what: str, limit: int, *, line: int, text: str, problems: list[Problem]) -> int | None:
+def _int(token: str, what: str, limit: int, *, line: int, text: str, problems: _Problems) -> int | None:
     if not _INT_RE.fullmatch(token):
-        problems.append(Problem(line, text, f"{what} {token!r} is not a non-negative integer"))
+        problems.add(line, text, f"{what} {_quoted(token)} is not a non-negative integer")
         return None
     # Compare lengths first: int() refuses strings of more than 4300 digits with a
     # plain ValueError, and parse() promises to raise nothing but MapError.
     digits = token.lstrip("0") or "0"
     if len(digits) > len(str(limit)):
-        problems.append(Problem(line, text, f"{what} {digits[:20]}... is larger than {limit}"))
+        problems.add(line, text, f"{what} {digits[:20]}... is larger than {limit}")
         return None
     value = int(digits)
     if value > limit:
-        problems.append(Problem(line, text, f"{what} {value} is larger than {limit}"))
+        problems.add(line, text, f"{what} {value} is larger than {limit}")
         return None
     return value
 
 
-def _parse_entry(chunk: str, line: int, problems: list[Problem]) -> Entry | None:
+def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
     text = chunk.strip()
     ordinal_s, eq, rest = text.partition("=")
     if not eq:
-        problems.append(Problem(line, text, "expected ORDINAL=NODE:GPU[,GPU...], found no '='"))
+        problems.add(line, text, "expected ORDINAL=NODE:GPU[,GPU...], found no '='")
         return None
     node_s, colon, gpus_s = rest.partition(":")
     if not colon:
-        problems.append(Problem(line, text, "expected NODE:GPU[,GPU...] after '=', found no ':'"))
+        problems.add(line, text, "expected NODE:GPU[,GPU...] after '=', found no ':'")
         return None
-    before = len(problems)
+    before = problems.count
     ordinal = _int(ordinal_s.strip(), "ordinal", MAX_ORDINAL, line=line, text=text, problems=problems)
     node = node_s.strip()
     if not node:
-        problems.append(Problem(line, text, "node name is empty"))
+        problems.add(line, text, "node name is empty")
+    # The length test comes first: the regular expression only ever sees short names.
     elif len(node) > _NODE_MAX or not _NODE_RE.fullmatch(node):
-        problems.append(
-            Problem(
-                line,
-                text,
-                f"node name {node!r} is not a valid Kubernetes node name "
-                "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric)",
-            )
+        problems.add(
+            line,
+            text,
+            f"node name {_quoted(node)} is not a valid Kubernetes node name "
+            "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric)",
         )
     gpus: list[int] = []
-    tokens = [t.strip() for t in gpus_s.split(",")]
-    if tokens == [""]:
-        problems.append(Problem(line, text, f"no GPU index given for node {node!r}"))
+    seen: set[int] = set()
+    tokens = gpus_s.split(",")
+    if len(tokens) == 1 and not tokens[0].strip():
+        problems.add(line, text, f"no GPU index given for node {_quoted(node)}")
         tokens = []
-    for token in tokens:
+    for raw in tokens:
+        token = raw.strip()
         if not token:
-            problems.append(Problem(line, text, "empty GPU index (stray ',')"))
+            problems.add(line, text, "empty GPU index (stray ',')")
             continue
         gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
         if gpu is None:
             continue
-        if gpu in gpus:
-            problems.append(Problem(line, text, f"GPU {gpu} is listed twice in this entry"))
+        if gpu in seen:
+            problems.add(line, text, f"GPU {gpu} is listed twice in this entry")
             continue
+        seen.add(gpu)
         gpus.append(gpu)
-    if len(problems) != before or ordinal is None:
+    if problems.count != before or ordinal is None:
         return None
     return Entry(ordinal=ordinal, node=node, gpus=tuple(gpus), line=line)
 
 
-def parse(text: str) -> SchedulingMap:
-    """Parse the annotation's value; raise :class:`MapError` listing every problem.
+def _already_mapped(ordinal: int, first: Entry) -> str:
+    return f"ordinal {ordinal} is already mapped on line {first.line} ({excerpt(str(first))})"
 
-    Never raises anything else, whatever ``text`` holds.
+
+def parse(text: str) -> SchedulingMap:
+    """Parse the annotation's value; raise :class:`MapError` naming the problems.
+
+    Never raises anything else, whatever ``text`` holds; a text of more than
+    MAX_MAP_BYTES is refused before it is parsed.
     """
     if not isinstance(text, str):
-        raise MapError([Problem(0, repr(text)[:80], "the map must be a string")])
-    problems: list[Problem] = []
+        raise MapError([Problem(0, "", f"the map must be a string, not {type(text).__name__}")])
+    if len(text) > MAX_MAP_BYTES // 4 and (size := utf8_size(text)) > MAX_MAP_BYTES:
+        raise MapError(
+            [Problem(0, "", f"{ANNOTATION} is {size} bytes, more than the {MAX_MAP_BYTES}-byte limit")]
+        )
+    problems = _Problems()
     entries: dict[int, Entry] = {}
     owners: dict[tuple[str, int], Entry] = {}
     # Lines are counted as editors and kubectl count them: on "\n" only.
@@ -176,31 +281,118 @@ def parse(text: str) -> SchedulingMap:
                 continue
             first = entries.get(entry.ordinal)
             if first is not None:
-                problems.append(
-                    Problem(
-                        lineno,
-                        chunk.strip(),
-                        f"ordinal {entry.ordinal} is already mapped on line {first.line} ({first})",
-                    )
-                )
+                # Built only when listed: str(first) may name a thousand GPUs.
+                problems.add(lineno, chunk.strip(), partial(_already_mapped, entry.ordinal, first))
                 continue
-            clash = [(entry.node, g) for g in entry.gpus if (entry.node, g) in owners]
-            if clash:
-                node, gpu = clash[0]
-                other = owners[(node, gpu)]
-                problems.append(
-                    Problem(
-                        lineno,
-                        chunk.strip(),
-                        f"{node}:{gpu} is already given to ordinal {other.ordinal} on line {other.line}",
-                    )
+            clash = next(((entry.node, g) for g in entry.gpus if (entry.node, g) in owners), None)
+            if clash is not None:
+                node, gpu = clash
+                other = owners[clash]
+                problems.add(
+                    lineno,
+                    chunk.strip(),
+                    f"{node}:{gpu} is already given to ordinal {other.ordinal} on line {other.line}",
                 )
                 continue
             entries[entry.ordinal] = entry
             for g in entry.gpus:
                 owners[(entry.node, g)] = entry
-    if problems:
-        raise MapError(problems)
+    if problems.count:
+        raise problems.error()
     if not entries:
-        raise MapError([Problem(1, text.strip()[:80], "the map has no entries")])
+        raise MapError([Problem(1, text.strip(), "the map has no entries")])
     return SchedulingMap(entries)
+
+
+# --- parse_cached: the same text parsed once -------------------------------------------------------
+
+# Bounds of the cache: entries, and an estimate of the memory they hold (the text, which is the key,
+# plus the parsed entries): 32 MiB holds ~50,000 parsed entries, e.g. fifteen 3,000-entry maps. A parsed entry costs about _ENTRY_COST bytes (measured with tracemalloc,
+# rounded up); a refusal keeps at most MAX_PROBLEMS_LISTED small problems.
+PARSE_CACHE_ENTRIES = 1024
+PARSE_CACHE_BYTES = 32 * 1024 * 1024
+_ENTRY_COST = 600
+_REFUSAL_COST = 8 * 1024
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    problems: tuple[Problem, ...]
+    more: int
+
+
+class _ParseCache:
+    """Least recently used answers of :func:`parse`, bounded in count and in estimated bytes."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[SchedulingMap | _Refusal, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def parse(self, text: str) -> SchedulingMap:
+        if not isinstance(text, str) or len(text) > MAX_MAP_BYTES:
+            return parse(text)  # refused at once; not worth keeping such a text alive
+        with self._lock:
+            hit = self._items.get(text)
+            if hit is not None:
+                self._items.move_to_end(text)
+        if hit is None:
+            hit = self._remember(text)
+        outcome = hit[0]
+        if isinstance(outcome, _Refusal):
+            raise MapError(outcome.problems, outcome.more)
+        return outcome
+
+    def _remember(self, text: str) -> tuple[SchedulingMap | _Refusal, int]:
+        outcome: SchedulingMap | _Refusal
+        try:
+            outcome = parse(text)
+            cost = sys.getsizeof(text) + _ENTRY_COST * len(outcome)
+        except MapError as err:
+            outcome = _Refusal(tuple(err.problems), err.more)
+            cost = sys.getsizeof(text) + _REFUSAL_COST
+        with self._lock:
+            if text not in self._items and cost <= self.max_bytes:
+                self._items[text] = (outcome, cost)
+                self._bytes += cost
+                while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
+                    _, (_, old) = self._items.popitem(last=False)
+                    self._bytes -= old
+        return outcome, cost
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def size(self) -> tuple[int, int]:
+        with self._lock:
+            return len(self._items), self._bytes
+
+
+_CACHE = _ParseCache(PARSE_CACHE_ENTRIES, PARSE_CACHE_BYTES)
+
+
+def parse_cached(text: str) -> SchedulingMap:
+    """:func:`parse`, remembering the answer (map or refusal) for the last texts seen.
+
+    For callers that see the same annotation again and again (every pod of a
+    StatefulSet carries its template's map). Bounded: at most
+    PARSE_CACHE_ENTRIES texts and about PARSE_CACHE_BYTES of memory, least
+    recently used first out; thread-safe. A refusal is raised as a fresh
+    MapError each time (never the same exception object twice). The maps
+    returned are shared: treat them as read-only.
+    """
+    return _CACHE.parse(text)
+
+
+def parse_cache_clear() -> None:
+    """Forget every remembered answer (tests, or to give the memory back)."""
+    _CACHE.clear()
+
+
+def parse_cache_size() -> tuple[int, int]:
+    """``(texts, estimated bytes)`` held by :func:`parse_cached`."""
+    return _CACHE.size()

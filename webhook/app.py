@@ -34,7 +34,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from webhook import serving_stats
 from webhook.mutate import admit_pod
-from webhook.nodes import KubeNodeLookup, NodeLookup
+from webhook.nodes import NodeCache, NodeLookup
 from webhook.review import API_VERSION, KIND, BadRequest, Request, Verdict, parse_request, review, uid_of
 from webhook.settings import Settings
 from webhook.validate import admit_statefulset
@@ -92,11 +92,19 @@ def certs_loaded(settings: Settings) -> tuple[bool, str]:
 
 
 def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Flask:
-    """Build the app. ``node_lookup`` defaults to the Kubernetes API (optional access)."""
+    """Build the app. ``node_lookup`` defaults to a watch cache of the nodes (optional API access)."""
     app = Flask("webhook")
     # Werkzeug enforces this while reading a body of unknown length, too (413).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    nodes = node_lookup if node_lookup is not None else KubeNodeLookup(settings.kubeconfig)
+    nodes = node_lookup if node_lookup is not None else NodeCache(settings.kubeconfig)
+
+    if isinstance(nodes, NodeCache):
+        cache = nodes
+
+        @app.before_request
+        def start_node_cache() -> None:
+            # In the worker, after gunicorn forked it; the first request (a probe) starts the watch.
+            cache.start()
 
     def admit(handler: Handler) -> Response:
         if request.mimetype != "application/json":

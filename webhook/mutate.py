@@ -12,8 +12,8 @@ import logging
 from typing import Any
 
 from gpu_scheduling.podinfo import entry_for, map_text
-from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
-from webhook.podspec import containers, gpu_resource_policy
+from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, excerpt
+from webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from webhook.settings import InjectionMode, Settings
 
@@ -78,8 +78,22 @@ def env_patch(spec: dict[str, Any], desired: list[tuple[str, str]], uid: str) ->
     return ops
 
 
+def other_scheduler_warning(scheduler: str, ours: str) -> str:
+    """Why a mapped pod of another scheduler gets no GPU variables (within MAX_WARNING characters)."""
+    return (
+        f"spec.schedulerName is {excerpt(scheduler, 40)!r}, not {excerpt(ours, 40)!r}: {ANNOTATION} ignored, "
+        "no GPU variables set (the map's GPU indices would be used on whatever node that scheduler "
+        f"picks); set spec.schedulerName: {excerpt(ours, 40)}"
+    )[:MAX_WARNING]
+
+
 def admit_pod(req: Request, settings: Settings) -> Verdict:
-    """Decide on a Pod CREATE: patch, allow unchanged with a warning, or deny."""
+    """Decide on a Pod CREATE: patch, allow unchanged with a warning, or deny.
+
+    A mapped pod is denied when it names its node (spec.nodeName: it would skip
+    the scheduler's checks) and left unchanged, with a warning, when another
+    scheduler places it (the map's GPU indices mean nothing on that node).
+    """
     if (req.group, req.version, req.kind) != ("", "v1", "Pod"):
         raise BadRequest(f"/mutate admits v1 Pods, got {req.gvk}: check the webhook's rules", uid=req.uid)
     obj = req.object or {}
@@ -97,6 +111,25 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
         log.debug("no %s annotation, allowed unchanged", ANNOTATION, extra=ctx)
         return Verdict(allowed=True)
     spec = dict_at(obj, "spec", "spec", req.uid)
+
+    node_name = spec.get("nodeName")
+    if node_name:
+        log.info("denied: spec.nodeName set on a mapped pod", extra={**ctx, "node": excerpt(str(node_name))})
+        return Verdict.deny(
+            403,
+            f"spec.nodeName is set ({excerpt(str(node_name))!r}) on a pod carrying {ANNOTATION}: such a pod "
+            f"bypasses the scheduler, so its GPUs could be given twice; {settings.scheduler_name} binds it to "
+            "the node its map names. Remove spec.nodeName",
+        )
+    scheduler = spec.get("schedulerName") or "default-scheduler"
+    if scheduler != settings.scheduler_name:
+        log.info(
+            "another scheduler, allowed unchanged",
+            extra={**ctx, "scheduler_name": excerpt(str(scheduler))},
+        )
+        return Verdict(
+            allowed=True, warnings=[other_scheduler_warning(str(scheduler), settings.scheduler_name)]
+        )
 
     try:
         ordinal, entry = entry_for({"name": name, "labels": labels, "annotations": annotations}, name=name)

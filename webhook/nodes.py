@@ -1,43 +1,59 @@
-"""Node look-ups for ``/validate``'s warnings, through the Kubernetes API when the webhook has access.
+"""Node look-ups for ``/validate``'s warnings, answered from a watch cache of the nodes.
 
-Access is optional: without a kubeconfig or in-cluster service account (or when
-the API refuses), :class:`NodeLookupUnavailable` is raised and the caller skips
-the node warnings. Nothing here may make an admission fail.
+:class:`NodeCache` lists the nodes once, then watches them from the list's
+resourceVersion (relisting on ``410 Gone``, retrying with a capped backoff), in
+a daemon thread of the worker process. It keeps only what the warnings need: a
+node's name and its ``nvidia.com/gpu`` count. A look-up reads memory and never
+waits on the API: until the first list has arrived, or when the webhook has no
+API access, :class:`NodeLookupUnavailable` is raised and the caller skips the
+node warnings. Nothing here may make an admission fail.
+
+RBAC: ``list`` and ``watch`` on nodes (no ``get``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import random
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
-from gpu_scheduling.resources import GPU_RESOURCE, quantity_int
+from gpu_scheduling.resources import GPU_RESOURCE, node_gpus, quantity_int
 
 log = logging.getLogger("webhook.nodes")
 
-# Keep well inside the apiserver's webhook timeout (10 s by default).
-REQUEST_TIMEOUT = (2.0, 3.0)
+# A list call may take this long (connect, read); a page holds this many nodes.
+LIST_TIMEOUT = (5.0, 30.0)
+LIST_PAGE = 500
+# The apiserver ends a watch after about this long (randomised so workers do not reconnect together).
+WATCH_TIMEOUT_S = 300
+# Retry delays after a failure: doubling from the first to the cap.
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    # Allocatable nvidia.com/gpu; None when the node does not advertise the resource.
+    # nvidia.com/gpu the node reports (allocatable, else capacity); None when it reports none.
     gpus: int | None
 
 
 class NodeLookupUnavailable(Exception):
-    """The webhook cannot ask the API about nodes right now; the message says why."""
+    """The webhook cannot tell about nodes right now; the message says why."""
 
 
 class NodeLookup(Protocol):
     def get(self, name: str) -> NodeInfo | None:
-        """The node, ``None`` when it does not exist; raises NodeLookupUnavailable."""
+        """The node, ``None`` when it does not exist; raises NodeLookupUnavailable. Must not block."""
         ...
 
 
@@ -46,26 +62,67 @@ def gpus_of(allocatable: dict[str, Any] | None) -> int | None:
     return quantity_int((allocatable or {}).get(GPU_RESOURCE))
 
 
-class KubeNodeLookup:
-    """Reads nodes with the kubernetes client; the client is made on first use (after gunicorn forks)."""
+class _Relist(Exception):
+    """The watch cannot resume (410 Gone): list again."""
 
-    def __init__(self, kubeconfig: str | None):
+
+class NodeCache:
+    """Nodes from a list-then-watch of the API, kept in memory for :meth:`get`.
+
+    The thread starts on the first :meth:`start` or :meth:`get` in a process, so a
+    gunicorn worker starts its own after the fork (threads do not survive one).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        *,
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+    ):
         self._kubeconfig = kubeconfig
+        self._watch_timeout_s = watch_timeout_s
+        self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()
-        self._api: Any = None
-        self._unavailable: str | None = None
+        self._nodes: dict[str, int | None] = {}
+        self._synced = False
+        self._why = "the node cache has not listed the nodes yet"
+        self._pid: int | None = None
+        self._stop = threading.Event()
+        self.lists = 0  # completed lists (the first one and every relist), for tests and logs
 
-    def _core(self) -> Any:
+    # ------------------------------------------------------------------ the request side
+    def start(self) -> None:
+        """Start the watch thread in this process unless it already runs (cheap: called per request)."""
+        if self._pid == os.getpid():
+            return
         with self._lock:
-            if self._api is None and self._unavailable is None:
-                try:
-                    self._api = self._connect()
-                except Exception as exc:  # any config problem means "no API access"
-                    self._unavailable = f"no Kubernetes API access ({type(exc).__name__}: {exc})"
-            if self._api is None:
-                raise NodeLookupUnavailable(self._unavailable or "no Kubernetes API access")
-            return self._api
+            if self._pid == os.getpid():
+                return
+            # A fork copied the parent's memory but not its thread: start afresh.
+            self._pid = os.getpid()
+            self._nodes, self._synced = {}, False
+            self._why = "the node cache has not listed the nodes yet"
+            threading.Thread(target=self._run, name="webhook-node-cache", daemon=True).start()
 
+    def stop(self) -> None:
+        """Ask the thread to end (at its next event or retry; it is a daemon either way)."""
+        self._stop.set()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    def get(self, name: str) -> NodeInfo | None:
+        self.start()
+        with self._lock:
+            if not self._synced:
+                raise NodeLookupUnavailable(self._why)
+            if name not in self._nodes:
+                return None
+            return NodeInfo(name, self._nodes[name])
+
+    # ------------------------------------------------------------------ the thread
     def _connect(self) -> Any:
         configuration = client.Configuration()
         if self._kubeconfig:
@@ -76,15 +133,121 @@ class KubeNodeLookup:
             raise NodeLookupUnavailable("neither KUBECONFIG nor an in-cluster service account is available")
         return client.CoreV1Api(client.ApiClient(configuration))
 
-    def get(self, name: str) -> NodeInfo | None:
-        api = self._core()
+    def _unavailable(self, why: str) -> None:
+        with self._lock:
+            if not self._synced:
+                self._why = why
+
+    def _run(self) -> None:
         try:
-            node = api.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+            api = self._connect()
+        except Exception as exc:  # any config problem means "no API access", for good
+            why = str(exc) if isinstance(exc, NodeLookupUnavailable) else f"{type(exc).__name__}: {exc}"
+            self._unavailable(f"no Kubernetes API access ({why})")
+            log.info("node checks disabled: no Kubernetes API access (%s)", why)
+            return
+        backoff = BACKOFF_FIRST_S
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._list(api)
+                    backoff = BACKOFF_FIRST_S
+                version = self._watch(api, version)
+                backoff = BACKOFF_FIRST_S  # the watch ran to its timeout: resume at once
+            except _Relist:
+                log.info("node watch expired (410 Gone): listing the nodes again")
+                version = None
+            except Exception as exc:  # API down, refused (RBAC), TLS, a malformed answer: retry later
+                why = _describe(exc)
+                self._unavailable(f"cannot list nodes: {why}")
+                log.warning("node cache: %s; retrying in %.1f s", why, backoff)
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, self._backoff_max_s)
+
+    def _list(self, api: Any) -> str:
+        """List every node (in pages); replace the cache; the resourceVersion to watch from."""
+        nodes: dict[str, int | None] = {}
+        version = ""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                resp = api.list_node(_preload_content=False, _request_timeout=LIST_TIMEOUT, **kwargs)
+            except ApiException as exc:
+                if exc.status == 410 and token:  # the continue token expired: start over
+                    nodes, token = {}, None
+                    continue
+                raise
+            body = json.loads(resp.data)
+            meta = body.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            nodes.update(_entry(item) for item in body.get("items") or [] if isinstance(item, dict))
+            token = meta.get("continue") or None
+            if not token:
+                break
+        with self._lock:
+            self._nodes, self._synced = nodes, True
+            self.lists += 1
+        log.info("node cache synced", extra={"nodes": len(nodes), "resource_version": version})
+        return version
+
+    def _watch(self, api: Any, version: str) -> str:
+        """Apply watch events from ``version`` until the server ends the watch; the version reached."""
+        timeout = int(self._watch_timeout_s * random.uniform(1.0, 1.2))
+        try:
+            resp = api.list_node(
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout,
+                _preload_content=False,
+                _request_timeout=(LIST_TIMEOUT[0], timeout + 30),
+            )
         except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise NodeLookupUnavailable(f"reading node {name!r}: HTTP {exc.status} {exc.reason}") from exc
-        except Exception as exc:  # connection refused, timeout, TLS: the API is not reachable now
-            raise NodeLookupUnavailable(f"reading node {name!r}: {type(exc).__name__}: {exc}") from exc
-        allocatable = node.status.allocatable if node.status else None
-        return NodeInfo(name=name, gpus=gpus_of(allocatable))
+            if exc.status == 410:
+                raise _Relist() from exc
+            raise
+        try:
+            for line in _lines(resp):
+                if self._stop.is_set():
+                    break
+                event = json.loads(line)
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Relist()
+                    raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
+                meta = obj.get("metadata") or {}
+                version = str(meta.get("resourceVersion") or version)
+                name = meta.get("name")
+                if kind == "BOOKMARK" or not isinstance(name, str):
+                    continue
+                with self._lock:
+                    if kind == "DELETED":
+                        self._nodes.pop(name, None)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self._nodes[name] = node_gpus(obj.get("status"))
+        finally:
+            resp.close()
+            resp.release_conn()
+        return version
+
+
+def _entry(node: dict[str, Any]) -> tuple[str, int | None]:
+    return str((node.get("metadata") or {}).get("name")), node_gpus(node.get("status"))
+
+
+def _lines(resp: Any) -> Iterable[str]:
+    for line in iter_resp_lines(resp):
+        if line:
+            yield line if isinstance(line, str) else line.decode("utf-8")
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -7,6 +7,7 @@ explains each one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -17,6 +18,8 @@ GpuResourcePolicy = Literal["warn", "deny"]
 INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia")
 GPU_RESOURCE_POLICIES: tuple[GpuResourcePolicy, ...] = ("warn", "deny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# spec.schedulerName is a DNS subdomain (RFC 1123).
+_SCHEDULER_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class SettingsError(ValueError):
@@ -43,6 +46,8 @@ class Settings:
     idle_timeout: float = 30.0
     # "" = off; else /mutate and /validate need a client certificate signed by this CA.
     client_ca_file: str = ""
+    # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
+    scheduler_name: str = "gpu-scheduler"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -86,6 +91,12 @@ class Settings:
         level = get("WEBHOOK_LOG_LEVEL", d.log_level).upper()
         if level not in LOG_LEVELS:
             raise SettingsError(f"WEBHOOK_LOG_LEVEL={level!r}: choose one of {', '.join(LOG_LEVELS)}")
+        scheduler_name = get("WEBHOOK_SCHEDULER_NAME", d.scheduler_name)
+        if len(scheduler_name) > 253 or not _SCHEDULER_NAME_RE.fullmatch(scheduler_name):
+            raise SettingsError(
+                f"WEBHOOK_SCHEDULER_NAME={scheduler_name[:80]!r} is not a valid scheduler name "
+                "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
+            )
         return cls(
             port=integer("WEBHOOK_PORT", d.port, 1, 65535),
             tls_cert_file=get("WEBHOOK_TLS_CERT_FILE", d.tls_cert_file),
@@ -102,4 +113,5 @@ class Settings:
             body_timeout=seconds("WEBHOOK_BODY_TIMEOUT", d.body_timeout, 0.1, 300),
             idle_timeout=seconds("WEBHOOK_IDLE_TIMEOUT", d.idle_timeout, 0.1, 3600),
             client_ca_file=get("WEBHOOK_CLIENT_CA_FILE", d.client_ca_file),
+            scheduler_name=scheduler_name,
         )

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from gpu_scheduling.podinfo import map_text
-from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
+from gpu_scheduling.resources import GPU_RESOURCE
+from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, excerpt, parse_cached
 from webhook.nodes import NodeLookup, NodeLookupUnavailable
 from webhook.podspec import MAX_WARNING, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, str_dict_at
@@ -24,8 +25,9 @@ log = logging.getLogger("webhook.validate")
 
 # The apiserver keeps at most 4 KiB of warnings; a few precise ones beat a truncated list.
 MAX_WARNINGS = 12
-# Node look-ups per review, and the time they may take (the apiserver waits 10 s by default).
-MAX_NODE_LOOKUPS = 32
+# Node look-ups per review (memory reads of the node cache), and the time they may take
+# (the apiserver waits 10 s by default; a test's NodeLookup may be slower).
+MAX_NODE_LOOKUPS = 4096
 NODE_LOOKUP_BUDGET_S = 5.0
 
 
@@ -51,8 +53,33 @@ def missing_ordinals(smap: SchedulingMap, start: int, replicas: int, show: int =
     return count, first
 
 
+def placement_warnings(pod_spec: dict[str, Any], ours: str) -> list[str]:
+    """Warnings about a pod template that the GPU scheduler would not place (the webhook skips or refuses it)."""
+    warnings: list[str] = []
+    scheduler = pod_spec.get("schedulerName")
+    if scheduler in (None, "", "default-scheduler"):
+        warnings.append(
+            "spec.template.spec.schedulerName is not set: the default scheduler will place these pods "
+            f"and ignore {ANNOTATION}; set it to the GPU scheduler's name ({ours})"
+        )
+    elif scheduler != ours:
+        warnings.append(
+            f"spec.template.spec.schedulerName is {excerpt(str(scheduler), 40)!r}, not the GPU scheduler "
+            f"({ours}): these pods get no GPU variables and their node is not the map's; "
+            f"set it to {ours}"
+        )
+    node_name = pod_spec.get("nodeName")
+    if node_name:
+        warnings.append(
+            f"spec.template.spec.nodeName is set ({excerpt(str(node_name), 40)!r}): every pod of this "
+            f"StatefulSet will be refused, because a pod carrying {ANNOTATION} must be placed by {ours}; "
+            "remove nodeName"
+        )
+    return warnings
+
+
 def node_warnings(smap: SchedulingMap, nodes: NodeLookup, ctx: dict[str, Any]) -> list[str]:
-    """Warnings about nodes that do not exist and GPU indices beyond a node's allocatable count."""
+    """Warnings about nodes that do not exist, report no GPUs, or have fewer GPUs than the map names."""
     warnings: list[str] = []
     by_node: dict[str, list[int]] = {}
     for ordinal in smap:
@@ -75,15 +102,19 @@ def node_warnings(smap: SchedulingMap, nodes: NodeLookup, ctx: dict[str, Any]) -
                 "does not exist; those replicas stay Pending until it does"
             )
             continue
+        if info.gpus is None:
+            wanted = "; ".join(f"ordinal {e.ordinal} (line {e.line}) GPU {e.devices}" for e in entries)
+            warnings.append(
+                f"{ANNOTATION}: node {node!r} reports no {GPU_RESOURCE} (no GPUs, or no NVIDIA device "
+                f"plugin), so the GPUs mapped to it cannot be checked: {wanted}"
+            )
+            continue
         for entry in entries:
-            too_high = [g for g in entry.gpus if info.gpus is None or g >= info.gpus]
+            too_high = [g for g in entry.gpus if g >= info.gpus]
             if not too_high:
                 continue
-            if info.gpus is None:
-                have = f"node {node!r} advertises no allocatable nvidia.com/gpu"
-            else:
-                have = f"node {node!r} has {info.gpus} allocatable nvidia.com/gpu"
-                have += f" (indices 0..{info.gpus - 1})" if info.gpus else ""
+            have = f"node {node!r} has {info.gpus} allocatable {GPU_RESOURCE}"
+            have += f" (indices 0..{info.gpus - 1})" if info.gpus else ""
             warnings.append(
                 f"{ANNOTATION} line {entry.line}: ordinal {entry.ordinal} wants GPU "
                 f"{','.join(map(str, too_high))} but {have}"
@@ -126,7 +157,7 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
         return Verdict(allowed=True)
 
     try:
-        smap = parse(text)
+        smap = parse_cached(text)
     except MapError as exc:
         log.info("denied: malformed map", extra={**ctx, "error": str(exc)})
         where = "spec.template.metadata.annotations"
@@ -153,12 +184,7 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
             "those pods get no GPU variables from the map"
         )
 
-    scheduler = pod_spec.get("schedulerName")
-    if scheduler in (None, "", "default-scheduler"):
-        warnings.append(
-            "spec.template.spec.schedulerName is not set: the default scheduler will place these pods "
-            f"and ignore {ANNOTATION}; set it to the GPU scheduler's name (gpu-scheduler)"
-        )
+    warnings.extend(placement_warnings(pod_spec, settings.scheduler_name))
 
     warnings.extend(node_warnings(smap, nodes, ctx))
     log.info("allowed", extra={**ctx, "replicas": replicas, "entries": len(smap), "warnings": warnings})

@@ -1,8 +1,9 @@
 """Fixtures that put the real webhook in front of the real kube-apiserver.
 
 * ``webhook_certs`` (session): CA and serving certificate from generate-webhook-certs.py, SAN 127.0.0.1.
-* ``webhook_server`` (session): ``gpu-scheduler-webhook`` as a host process on 127.0.0.1, reading
-  nodes with a ServiceAccount that may only ``get`` them (the RBAC the chart grants).
+* ``webhook_server`` (session): ``gpu-scheduler-webhook`` as a host process on 127.0.0.1, watching
+  nodes with a ServiceAccount that may only ``list`` and ``watch`` them (the RBAC the chart grants;
+  no ``get``: node look-ups are answered from the webhook's watch cache).
 * ``webhook_configs`` (per test): Mutating- and ValidatingWebhookConfigurations pointing at
   ``https://127.0.0.1:PORT`` with the caBundle, limited to the test's namespace and to objects
   carrying the annotation; waits until the apiserver really calls them; deleted afterwards.
@@ -82,7 +83,7 @@ def webhook_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
-    """A kubeconfig for a ServiceAccount allowed to ``get`` nodes and nothing else."""
+    """A kubeconfig for a ServiceAccount allowed to ``list`` and ``watch`` nodes and nothing else."""
     suffix = uuid.uuid4().hex[:6]
     ns, role = f"webhook-host-{suffix}", f"webhook-host-node-reader-{suffix}"
     cluster.apply(
@@ -93,7 +94,7 @@ def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "ClusterRole",
                 "metadata": {"name": role},
-                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}],
             },
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -120,6 +121,10 @@ def start_webhook(
     full_env = {"WEBHOOK_LOG_LEVEL": "DEBUG", "KUBECONFIG": str(kubeconfig or ""), **(env or {})}
     proc = run_webhook(certs, port, env=full_env, log_path=log_dir / f"webhook-{port}.log")
     try:
+        if kubeconfig is not None:
+            # Node warnings are skipped until the node cache has listed the nodes (started by the
+            # /readyz probes run_webhook made): wait for it, so that tests see them from the start.
+            wait_for(lambda: "node cache synced" in proc.log_text(), 60, "the webhook's node cache")
         yield WebhookServer(proc, port, certs)
     finally:
         proc.stop()
@@ -196,7 +201,7 @@ def _probe_pod(namespace: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "probe-0", "namespace": namespace, "annotations": {ANNOTATION: PROBE_MAP}},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "busybox"}]},
     }
 
 

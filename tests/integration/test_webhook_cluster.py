@@ -7,6 +7,8 @@ caBundle; the StatefulSet controller (kube-controller-manager) creates the pods.
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,13 @@ import pytest
 from localcluster.cluster import Cluster
 from tests.integration.fixtures_webhook import (
     WebhookServer,
+    dump,
     kubectl_apply,
     register_webhooks,
     start_webhook,
     wait_for,
 )
+from webhook.nodes import NodeCache, NodeInfo
 
 pytestmark = pytest.mark.cluster
 
@@ -27,7 +31,11 @@ ANNOTATION = "gpu-scheduling-map"
 
 
 def pod(namespace: str, name: str, annotation: str, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}], **spec}
+    body: dict[str, Any] = {
+        "schedulerName": "gpu-scheduler",
+        "containers": [{"name": "main", "image": "busybox"}],
+        **spec,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -206,3 +214,112 @@ def test_statefulset_with_gaps_and_unknown_nodes_gets_warnings(
     res = kubectl_apply(cluster, fixed)
     assert res.returncode == 0, res.stderr
     assert "Warning" not in res.stderr, res.stderr
+
+
+def test_mapped_pod_naming_its_node_is_refused(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    # It would skip gpu-scheduler's checks and could give a GPU that another replica holds a second user.
+    res = kubectl_apply(cluster, pod(namespace, "direct-0", "0=node1:0\n", nodeName="node1"))
+    assert res.returncode != 0
+    assert 'admission webhook "mutate-pods.gpu-scheduler.io" denied the request' in res.stderr
+    assert "spec.nodeName is set ('node1') on a pod carrying gpu-scheduling-map" in res.stderr
+    assert "gpu-scheduler binds it to the node its map names" in res.stderr
+    assert cluster.kubectl("get", "pod", "direct-0", "-n", namespace, check=False).returncode != 0
+
+
+def test_mapped_pod_of_another_scheduler_gets_a_warning_and_no_gpus(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    manifest = pod(namespace, "elsewhere-0", "0=node1:0,1\n")
+    del manifest["spec"]["schedulerName"]  # the apiserver defaults it to default-scheduler
+    res = kubectl_apply(cluster, manifest)
+    assert res.returncode == 0, res.stderr
+    assert (
+        "Warning: spec.schedulerName is 'default-scheduler', not 'gpu-scheduler': gpu-scheduling-map ignored, "
+        "no GPU variables set" in res.stderr
+    ), res.stderr
+    assert env_of(cluster, namespace, "elsewhere-0") == {"main": {}}
+
+
+def sts_warnings(cluster: Cluster, namespace: str, annotation: str) -> list[str]:
+    """The warnings ``kubectl create --dry-run=server`` prints for a new StatefulSet with this map."""
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    manifest = statefulset(namespace, name, annotation, replicas=1)
+    res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=dump(manifest), check=False)
+    assert res.returncode == 0, res.stderr
+    return [line for line in res.stderr.splitlines() if line.startswith("Warning: ")]
+
+
+def test_node_warnings_come_from_the_watch_cache(
+    cluster: Cluster, namespace: str, webhook_configs: str, webhook_kubeconfig: Path
+) -> None:
+    # The webhook's identity may list and watch nodes, not get them: warnings that follow the nodes
+    # prove that look-ups are answered from the cache, with no per-request GET.
+    as_webhook = ("--kubeconfig", str(webhook_kubeconfig))
+    assert cluster.kubectl("auth", "can-i", "get", "nodes", *as_webhook, check=False).stdout.strip() == "no"
+    for verb in ("list", "watch"):
+        assert cluster.kubectl("auth", "can-i", verb, "nodes", *as_webhook).stdout.strip() == "yes"
+
+    late, cpu = f"late-{uuid.uuid4().hex[:6]}", f"cpu-{uuid.uuid4().hex[:6]}"
+    missing = f"gpu-scheduling-map: node '{late}' (ordinals 0, line 1) does not exist"
+    assert any(missing in w for w in sts_warnings(cluster, namespace, f"0={late}:1\n"))
+    try:
+        cluster.add_node(late, gpus=2, wait=False)
+        cluster.add_node(cpu, gpus=None, wait=False)
+        # The same webhook process, not restarted: the watch brings the new nodes in.
+        wait_for(
+            lambda: not sts_warnings(cluster, namespace, f"0={late}:1\n"),
+            30,
+            f"the webhook to see node {late}",
+        )
+        [beyond] = sts_warnings(cluster, namespace, f"0={late}:3\n")
+        assert f"ordinal 0 wants GPU 3 but node '{late}' has 2 allocatable nvidia.com/gpu" in beyond
+        [no_gpus] = sts_warnings(cluster, namespace, f"0={cpu}:0\n")
+        assert f"node '{cpu}' reports no nvidia.com/gpu" in no_gpus
+        assert "ordinal 0 (line 1) GPU 0" in no_gpus
+    finally:
+        cluster.delete_node(late)
+        cluster.delete_node(cpu)
+    # A deleted node is gone from the cache too.
+    wait_for(
+        lambda: any(missing in w for w in sts_warnings(cluster, namespace, f"0={late}:1\n")),
+        30,
+        f"the webhook to see node {late} deleted",
+    )
+
+
+def test_oversize_map_is_refused_by_the_webhook(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    # Mutating admission runs before the apiserver validates the object: the webhook meets the
+    # oversize annotation first and answers with its own one-line message.
+    text = "0=node1:0\n" + "# padding\n" * 30_000
+    res = cluster.kubectl("create", "-f", "-", input=json.dumps(pod(namespace, "big-0", text)), check=False)
+    assert res.returncode != 0
+    assert 'admission webhook "mutate-pods.gpu-scheduler.io" denied the request' in res.stderr
+    assert f"gpu-scheduling-map is {len(text)} bytes, more than the 262144-byte limit" in res.stderr
+    assert len(res.stderr) < 1000
+
+
+def test_node_cache_lists_then_watches_the_real_apiserver(cluster: Cluster) -> None:
+    cache = NodeCache(str(cluster.kubeconfig), watch_timeout_s=5)
+    try:
+        cache.start()
+        wait_for(lambda: cache.synced, 30, "the first list")
+        assert cache.get("node1") == NodeInfo("node1", 4)
+        assert cache.get("no-such-node") is None
+        name = f"watched-{uuid.uuid4().hex[:6]}"
+        cluster.add_node(name, gpus=8, wait=False)
+        wait_for(lambda: cache.get(name) == NodeInfo(name, 8), 30, f"the watch to add {name}")
+        cluster.delete_node(name)
+        wait_for(lambda: cache.get(name) is None, 30, f"the watch to delete {name}")
+        # The apiserver ends each watch after 5-6 s here; the cache resumes from the last
+        # resourceVersion (no relist) and keeps following.
+        time.sleep(7)
+        cluster.add_node(name, gpus=None, wait=False)
+        wait_for(lambda: cache.get(name) == NodeInfo(name, None), 30, f"a resumed watch to add {name} again")
+        cluster.delete_node(name)
+        assert cache.lists == 1  # events, not relists
+    finally:
+        cache.stop()

@@ -12,6 +12,7 @@ from gpu_scheduling.schedmap import (
     MapError,
     Problem,
     SchedulingMap,
+    excerpt,
     parse,
 )
 
@@ -151,7 +152,8 @@ def test_invalid_node_name(node: str) -> None:
     p = only_problem(f"0=a:0\n\n1={node}:0")
     assert p.line == 3
     assert "not a valid Kubernetes node name" in p.message
-    assert repr(node.strip()) in p.message
+    # The name is quoted, cut to its first EXCERPT_CHARS characters when longer.
+    assert repr(excerpt(node.strip())) in p.message
 
 
 def test_node_name_length_limit() -> None:

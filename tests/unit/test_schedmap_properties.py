@@ -7,7 +7,16 @@ from typing import Any
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpu_scheduling.schedmap import MAX_GPU_INDEX, MAX_ORDINAL, Entry, MapError, SchedulingMap, parse
+from gpu_scheduling.schedmap import (
+    EXCERPT_CHARS,
+    MAX_ERROR_CHARS,
+    MAX_GPU_INDEX,
+    MAX_ORDINAL,
+    Entry,
+    MapError,
+    SchedulingMap,
+    parse,
+)
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
 node_names = st.from_regex(rf"{_LABEL}(\.{_LABEL}){{0,2}}", fullmatch=True)
@@ -142,8 +151,10 @@ def _assert_only_map_error(text: str) -> None:
         for p in err.problems:
             assert 1 <= p.line <= len(lines)
             if p.message != "the map has no entries":
-                # The text quoted is a piece of the line it names.
-                assert p.text in lines[p.line - 1]
+                # The text quoted is the start of a piece of the line it names (cut with "…").
+                assert len(p.text) <= EXCERPT_CHARS
+                assert p.text.removesuffix("…") in lines[p.line - 1]
+        assert len(str(err)) <= MAX_ERROR_CHARS
         return
     # Whatever parses is canonical and round-trips.
     assert parse(smap.format()) == smap

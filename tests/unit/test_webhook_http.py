@@ -17,6 +17,8 @@ from webhook.app import create_app
 from webhook.settings import Settings, SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
+# Mapped pods of other schedulers are left alone: these are the GPU scheduler's.
+SCHED = "gpu-scheduler"
 
 
 class NoNodes:
@@ -40,7 +42,7 @@ def pod_review(uid: str = "uid-h", **request: Any) -> dict[str, Any]:
             "namespace": "team",
             "object": {
                 "metadata": {"name": "w-0", "annotations": {"gpu-scheduling-map": "0=node1:0"}},
-                "spec": {"containers": [{"name": "main"}]},
+                "spec": {"schedulerName": SCHED, "containers": [{"name": "main"}]},
             },
         },
     }
@@ -148,24 +150,30 @@ def test_wrong_resource_kind_is_400_and_echoes_uid() -> None:
             "metadata.annotations['gpu-scheduling-map'] must be a string",
         ),
         (
-            {"metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}}, "spec": {"containers": {}}},
+            {
+                "metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}},
+                "spec": {"schedulerName": SCHED, "containers": {}},
+            },
             "must be a list",
         ),
         (
-            {"metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}}, "spec": {"containers": ["x"]}},
+            {
+                "metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}},
+                "spec": {"schedulerName": SCHED, "containers": ["x"]},
+            },
             "spec.containers[0] must be an object",
         ),
         (
             {
                 "metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}},
-                "spec": {"containers": [{"env": [3]}]},
+                "spec": {"schedulerName": SCHED, "containers": [{"env": [3]}]},
             },
             "spec.containers[0].env[0] must be an object with a name",
         ),
         (
             {
                 "metadata": {"annotations": {"gpu-scheduling-map": "0=n:0"}},
-                "spec": {"containers": [{"resources": {"limits": "lots"}}]},
+                "spec": {"schedulerName": SCHED, "containers": [{"resources": {"limits": "lots"}}]},
             },
             "spec.containers[0].resources.limits must be an object",
         ),

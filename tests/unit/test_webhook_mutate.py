@@ -32,6 +32,7 @@ def pod(
     init: list[dict[str, Any]] | None = None,
     annotation: str | None = MAP,
     labels: dict[str, str] | None = None,
+    scheduler: str | None = "gpu-scheduler",
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "namespace": "team"}
     if annotation is not None:
@@ -39,6 +40,8 @@ def pod(
     if labels is not None:
         metadata["labels"] = labels
     spec: dict[str, Any] = {"containers": containers or [{"name": "main", "image": "busybox"}]}
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
     if init is not None:
         spec["initContainers"] = init
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -262,6 +265,51 @@ def test_pod_without_the_annotation_is_left_alone() -> None:
     response, out = mutated(client(), pod("w-0", annotation=None))
     assert out == pod("w-0", annotation=None)
     assert "warnings" not in response
+
+
+def test_pod_naming_its_node_is_denied() -> None:
+    obj = pod("w-0")
+    obj["spec"]["nodeName"] = "node1"
+    response = admit(client(), obj)
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        "spec.nodeName is set ('node1') on a pod carrying gpu-scheduling-map: such a pod bypasses the "
+        "scheduler, so its GPUs could be given twice; gpu-scheduler binds it to the node its map names. "
+        "Remove spec.nodeName"
+    )
+    assert "patch" not in response
+    # whatever its scheduler, and even when its map is malformed
+    obj = pod("w-0", annotation="nonsense", scheduler="default-scheduler")
+    obj["spec"]["nodeName"] = "n" * 5000
+    response = admit(client(), obj)
+    assert response["status"]["code"] == 403
+    assert len(response["status"]["message"]) < 400  # the name is quoted as an excerpt
+    # without the map, nodeName is none of the webhook's business
+    obj = pod("w-0", annotation=None)
+    obj["spec"]["nodeName"] = "node1"
+    assert mutated(client(), obj)[1] == obj
+
+
+@pytest.mark.parametrize("scheduler", [None, "default-scheduler", "volcano", "x" * 300])
+def test_pod_of_another_scheduler_gets_no_gpus_and_a_warning(scheduler: str | None) -> None:
+    response, out = mutated(client(), pod("w-0", scheduler=scheduler))
+    assert out == pod("w-0", scheduler=scheduler)  # no patch
+    [warning] = response["warnings"]
+    shown = repr((scheduler or "default-scheduler")[:39] + ("…" if scheduler and len(scheduler) > 40 else ""))
+    assert warning.startswith(
+        f"spec.schedulerName is {shown}, not 'gpu-scheduler': gpu-scheduling-map ignored"
+    )
+    assert "no GPU variables set" in warning
+    assert len(warning) <= 256
+
+
+def test_scheduler_name_comes_from_the_settings() -> None:
+    response, out = mutated(client(scheduler_name="gpu-sched-b"), pod("w-0", scheduler="gpu-sched-b"))
+    assert dict(env_of(out["spec"]["containers"][0]))["CUDA_VISIBLE_DEVICES"] == "0,1"
+    response, out = mutated(client(scheduler_name="gpu-sched-b"), pod("w-0"))
+    assert out == pod("w-0")
+    assert "not 'gpu-sched-b'" in response["warnings"][0]
 
 
 def test_update_is_allowed_unchanged() -> None:

@@ -170,7 +170,7 @@ def test_mutate_over_https(server: tuple[ManagedProcess, int], certs: Path) -> N
             "namespace": "team",
             "object": {
                 "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
-                "spec": {"containers": [{"name": "main"}]},
+                "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
             },
         },
     }

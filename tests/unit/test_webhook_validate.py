@@ -7,6 +7,8 @@ kubernetes client in tests/integration/test_webhook_cluster.py.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 import yaml
 
 from webhook.app import create_app
-from webhook.nodes import KubeNodeLookup, NodeInfo, NodeLookupUnavailable, gpus_of
+from webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, gpus_of
 from webhook.settings import Settings
 
 MAP = "0=node1:0,1\n1=node2:2\n"
@@ -149,13 +151,24 @@ def test_unknown_node_is_warned_about() -> None:
 
 
 def test_gpu_index_beyond_allocatable_is_warned_about() -> None:
-    nodes = Nodes({"node1": 4, "node2": 2, "cpu-only": None})
-    response = validate(statefulset("0=node1:3\n1=node2:1,2,5\n2=cpu-only:0\n", replicas=3), nodes)
+    nodes = Nodes({"node1": 4, "node2": 2})
+    response = validate(statefulset("0=node1:3\n1=node2:1,2,5\n", replicas=2), nodes)
     assert response["allowed"] is True
     assert response["warnings"] == [
-        "gpu-scheduling-map line 3: ordinal 2 wants GPU 0 but node 'cpu-only' advertises no allocatable nvidia.com/gpu",
         "gpu-scheduling-map line 2: ordinal 1 wants GPU 2,5 but node 'node2' has 2 allocatable nvidia.com/gpu "
         "(indices 0..1)",
+    ]
+
+
+def test_node_without_gpus_is_warned_about() -> None:
+    nodes = Nodes({"node1": 4, "cpu1": None, "empty": 0})
+    text = "0=node1:3\n1=cpu1:0\n2=cpu1:1,2\n3=empty:0\n"
+    response = validate(statefulset(text, replicas=4), nodes)
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "gpu-scheduling-map: node 'cpu1' reports no nvidia.com/gpu (no GPUs, or no NVIDIA device plugin), "
+        "so the GPUs mapped to it cannot be checked: ordinal 1 (line 2) GPU 0; ordinal 2 (line 3) GPU 1,2",
+        "gpu-scheduling-map line 4: ordinal 3 wants GPU 0 but node 'empty' has 0 allocatable nvidia.com/gpu",
     ]
 
 
@@ -171,17 +184,34 @@ def test_no_api_access_skips_node_checks_and_says_so_at_debug(caplog: pytest.Log
     assert getattr(skipped[0], "statefulset", None) == "team/w"
 
 
-def test_kube_lookup_without_any_config_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+def eventually(cond: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def why_unavailable(lookup: NodeCache, name: str = "node1") -> str:
+    with pytest.raises(NodeLookupUnavailable) as info:
+        lookup.get(name)
+    return str(info.value)
+
+
+def test_node_cache_without_any_config_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    lookup = KubeNodeLookup(kubeconfig=None)
-    with pytest.raises(NodeLookupUnavailable, match="neither KUBECONFIG nor an in-cluster"):
-        lookup.get("node1")
+    lookup = NodeCache(kubeconfig=None)
+    # Right away, before its thread has done anything: unavailable (a look-up never waits).
+    why_unavailable(lookup)
+    eventually(
+        lambda: "neither KUBECONFIG nor an in-cluster" in why_unavailable(lookup), "the thread to give up"
+    )
+    assert not lookup.synced
     # and /validate still answers, without node warnings
     response = validate(statefulset("0=ghost:0\n", replicas=1), lookup)
     assert response["allowed"] is True and "warnings" not in response
 
 
-def test_kube_lookup_with_an_unreachable_api_is_unavailable(tmp_path: Path) -> None:
+def test_node_cache_with_an_unreachable_api_is_unavailable(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
@@ -195,11 +225,23 @@ def test_kube_lookup_with_an_unreachable_api_is_unavailable(tmp_path: Path) -> N
             }
         )
     )
-    lookup = KubeNodeLookup(kubeconfig=str(kubeconfig))
-    with pytest.raises(NodeLookupUnavailable, match="reading node 'node1'"):
-        lookup.get("node1")
-    response = validate(statefulset("0=ghost:0\n", replicas=1), lookup)
-    assert response["allowed"] is True and "warnings" not in response
+    lookup = NodeCache(kubeconfig=str(kubeconfig), backoff_max_s=1.0)
+    try:
+        eventually(lambda: why_unavailable(lookup).startswith("cannot list nodes: "), "a failed list")
+        response = validate(statefulset("0=ghost:0\n", replicas=1), lookup)
+        assert response["allowed"] is True and "warnings" not in response
+        assert not lookup.synced and lookup.lists == 0
+    finally:
+        lookup.stop()
+
+
+def test_app_starts_the_node_cache_in_the_serving_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    lookup = NodeCache(kubeconfig=None)
+    app = create_app(Settings(), node_lookup=lookup)
+    assert lookup._pid is None  # create_app (which may run before gunicorn forks) starts nothing
+    app.test_client().get("/healthz")
+    eventually(lambda: "neither KUBECONFIG" in why_unavailable(lookup), "the cache thread to run")
 
 
 @pytest.mark.parametrize(
@@ -226,6 +268,30 @@ def test_default_scheduler_is_warned_about() -> None:
     assert response["warnings"] == [
         "spec.template.spec.schedulerName is not set: the default scheduler will place these pods and ignore "
         "gpu-scheduling-map; set it to the GPU scheduler's name (gpu-scheduler)"
+    ]
+    assert validate(statefulset(scheduler="default-scheduler"))["warnings"] == response["warnings"]
+
+
+def test_scheduler_name_is_the_configured_one() -> None:
+    # The configured name is the one pods must use: gpu-scheduler itself is then "another scheduler".
+    response = validate(statefulset(scheduler="gpu-scheduler"), scheduler_name="gpu-sched-b")
+    assert response["warnings"] == [
+        "spec.template.spec.schedulerName is 'gpu-scheduler', not the GPU scheduler (gpu-sched-b): these pods "
+        "get no GPU variables and their node is not the map's; set it to gpu-sched-b"
+    ]
+    assert "warnings" not in validate(statefulset(scheduler="gpu-sched-b"), scheduler_name="gpu-sched-b")
+    unset = validate(statefulset(scheduler=None), scheduler_name="gpu-sched-b")
+    assert unset["warnings"][0].endswith("set it to the GPU scheduler's name (gpu-sched-b)")
+
+
+def test_node_name_in_the_template_is_warned_about() -> None:
+    obj = statefulset()
+    obj["spec"]["template"]["spec"]["nodeName"] = "node1"
+    response = validate(obj)
+    assert response["allowed"] is True
+    assert response["warnings"] == [
+        "spec.template.spec.nodeName is set ('node1'): every pod of this StatefulSet will be refused, because "
+        "a pod carrying gpu-scheduling-map must be placed by gpu-scheduler; remove nodeName"
     ]
 
 
