@@ -11,31 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpu_scheduling.injection import desired_env
 from gpu_scheduling.podinfo import entry_for, map_text
-from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, excerpt
+from gpu_scheduling.schedmap import ANNOTATION, MapError, excerpt
 from webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
-from webhook.settings import InjectionMode, Settings
+from webhook.settings import Settings
 
 log = logging.getLogger("webhook.mutate")
-
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
-NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-
-
-def desired_env(entry: Entry, mode: InjectionMode) -> list[tuple[str, str]]:
-    """The variables (in the order they are added) that make a container see ``entry``'s GPUs.
-
-    ``cuda``: CUDA_VISIBLE_DEVICES lists the physical (nvidia-smi) indices.
-    ``nvidia``: NVIDIA_VISIBLE_DEVICES lists them for the NVIDIA container runtime,
-    which exposes only those GPUs, so CUDA sees them renumbered 0..n-1.
-    """
-    order = (CUDA_DEVICE_ORDER, "PCI_BUS_ID")
-    if mode == "nvidia":
-        renumbered = ",".join(str(i) for i in range(len(entry.gpus)))
-        return [(NVIDIA_VISIBLE_DEVICES, entry.devices), (CUDA_VISIBLE_DEVICES, renumbered), order]
-    return [(CUDA_VISIBLE_DEVICES, entry.devices), order]
 
 
 def env_patch(spec: dict[str, Any], desired: list[tuple[str, str]], uid: str) -> list[dict[str, Any]]:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
-InjectionMode = Literal["cuda", "nvidia"]
+from gpu_scheduling.injection import INJECTION_MODES, InjectionMode
+
 GpuResourcePolicy = Literal["warn", "deny"]
 
-INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia")
 GPU_RESOURCE_POLICIES: tuple[GpuResourcePolicy, ...] = ("warn", "deny")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # spec.schedulerName is a DNS subdomain (RFC 1123).
