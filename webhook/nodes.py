@@ -79,12 +79,17 @@ class KubeNodeLookup:
     def get(self, name: str) -> NodeInfo | None:
         api = self._core()
         try:
-            node = api.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+            # A list filtered to the one name, not a GET: the webhook's RBAC grants nodes
+            # list/watch only (gpu-scheduler-chart/templates/rbac.yaml).
+            items = api.list_node(
+                field_selector=f"metadata.name={name}", _request_timeout=REQUEST_TIMEOUT
+            ).items
         except ApiException as exc:
-            if exc.status == 404:
-                return None
             raise NodeLookupUnavailable(f"reading node {name!r}: HTTP {exc.status} {exc.reason}") from exc
         except Exception as exc:  # connection refused, timeout, TLS: the API is not reachable now
             raise NodeLookupUnavailable(f"reading node {name!r}: {type(exc).__name__}: {exc}") from exc
+        if not items:
+            return None
+        node = items[0]
         allocatable = node.status.allocatable if node.status else None
         return NodeInfo(name=name, gpus=gpus_of(allocatable))
