@@ -1,11 +1,12 @@
 """``make demo``: the whole product on the local control plane, end to end.
 
 Starts the control plane with fake GPU nodes, installs gpu-scheduler-chart
-(ServiceAccount, RBAC, webhook configurations pointing at the host-process
-webhook), runs the webhook with certificates from generate-webhook-certs.py and
-the scheduler with a token of the chart's own ServiceAccount, applies
-examples/gpu-workload.yaml, and prints where each replica landed. Exit 0 only
-when every replica is Running where the map says, with the mapped devices.
+(ServiceAccounts, RBAC, admission policy, webhook configurations pointing at the
+host-process webhook), runs the webhook with certificates from generate-webhook-certs.py
+and the chart's webhook ServiceAccount, and the scheduler with a token of the chart's
+scheduler ServiceAccount, applies examples/gpu-workload.yaml, and prints where each
+replica landed. Exit 0 only when every replica is Running where the map says, with
+the mapped devices.
 """
 
 from __future__ import annotations
@@ -122,12 +123,17 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
         install_chart(
             cluster, RELEASE, SYSTEM_NS, webhook_host_values(f"https://127.0.0.1:{port}", ca_bundle(certs))
         )
-        sa = release_service_account(cluster, RELEASE, SYSTEM_NS)
+        sa = release_service_account(cluster, RELEASE, SYSTEM_NS, "scheduler")
         sa_kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NS, sa)
-        say(f"starting the webhook and the scheduler as ServiceAccount {SYSTEM_NS}/{sa}")
+        webhook_sa = release_service_account(cluster, RELEASE, SYSTEM_NS, "webhook")
+        webhook_kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NS, webhook_sa)
+        say(
+            f"starting the webhook as ServiceAccount {SYSTEM_NS}/{webhook_sa} "
+            f"and the scheduler as {SYSTEM_NS}/{sa}"
+        )
         logs = workdir / "logs"
         webhook = run_webhook(
-            certs, port, env={"KUBECONFIG": str(sa_kubeconfig)}, log_path=logs / "webhook.log"
+            certs, port, env={"KUBECONFIG": str(webhook_kubeconfig)}, log_path=logs / "webhook.log"
         )
         procs.append(webhook)
         scheduler = run_scheduler(

@@ -10,8 +10,10 @@ a typical install of ``gpu-scheduler-chart`` there is::
                     "caBundle": "<base64 PEM CA>"},
     })
 
-which renders the ServiceAccount, the RBAC and the two webhook configurations
-(``webhook_host_values`` builds that dictionary).
+which renders the scheduler's and the webhook's ServiceAccounts with their RBAC, the
+ValidatingAdmissionPolicy and the two webhook configurations (``webhook_host_values``
+builds that dictionary); ``release_service_account(cluster, release, ns, component)``
+names the ServiceAccount each host process runs as.
 """
 
 from __future__ import annotations
@@ -98,23 +100,26 @@ def release_status(cluster: _Helm, release: str, namespace: str) -> dict[str, An
     return data
 
 
-def release_service_account(cluster: Any, release: str, namespace: str) -> str:
-    """The name of the ServiceAccount a release created (found by its instance label)."""
-    name = str(
+def release_service_account(cluster: Any, release: str, namespace: str, component: str = "scheduler") -> str:
+    """The name of the ServiceAccount a release created for ``component`` (``scheduler``
+    or ``webhook``: each has its own), found by its instance and component labels."""
+    names = str(
         cluster.kubectl(
             "get",
             "serviceaccount",
             "-n",
             namespace,
             "-l",
-            f"app.kubernetes.io/instance={release}",
+            f"app.kubernetes.io/instance={release},app.kubernetes.io/component={component}",
             "-o",
-            "jsonpath={.items[0].metadata.name}",
+            "jsonpath={.items[*].metadata.name}",
         ).stdout
-    ).strip()
-    if not name:
-        raise RuntimeError(f"release {release} created no ServiceAccount in {namespace}")
-    return name
+    ).split()
+    if len(names) != 1:
+        raise RuntimeError(
+            f"release {release} created {len(names)} ServiceAccounts for the {component} in {namespace}, not one"
+        )
+    return names[0]
 
 
 def webhook_host_values(url: str, ca_bundle: str, **webhook: Any) -> dict[str, Any]:

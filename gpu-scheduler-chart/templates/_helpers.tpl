@@ -50,7 +50,46 @@ app.kubernetes.io/part-of: gpu-scheduler
 {{- end }}
 
 {{/*
-ServiceAccount name.
+Labels of the scheduler's objects (pods included): the common labels and the component.
+*/}}
+{{- define "gpu-scheduler.schedulerLabels" -}}
+{{ include "gpu-scheduler.labels" . }}
+app.kubernetes.io/component: scheduler
+{{- end }}
+
+{{/*
+Selector labels of the webhook pods. Their app.kubernetes.io/name is "<name>-webhook",
+so the scheduler's selector (name + instance, immutable in its Deployment) never
+matches a webhook pod, and this selector never matches a scheduler pod.
+*/}}
+{{- define "gpu-scheduler.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-webhook" (include "gpu-scheduler.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{/*
+Labels of the webhook Deployment and its pods.
+*/}}
+{{- define "gpu-scheduler.webhookPodLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler.chart" . }}
+{{ include "gpu-scheduler.webhookSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
+Labels of the webhook's other objects (Service, ServiceAccount, RBAC, configurations,
+certificates): the common labels and the component.
+*/}}
+{{- define "gpu-scheduler.webhookLabels" -}}
+{{ include "gpu-scheduler.labels" . }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{/*
+ServiceAccount of the scheduler.
 */}}
 {{- define "gpu-scheduler.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
@@ -58,6 +97,24 @@ ServiceAccount name.
 {{- else }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
+{{- end }}
+
+{{/*
+ServiceAccount of the webhook (its own: it may list and watch nodes, nothing else).
+*/}}
+{{- define "gpu-scheduler.webhookServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-scheduler.webhookName" .) .Values.webhook.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.webhook.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The username the apiserver gives the scheduler's ServiceAccount token.
+*/}}
+{{- define "gpu-scheduler.schedulerUsername" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpu-scheduler.serviceAccountName" .) }}
 {{- end }}
 
 {{/*
@@ -162,8 +219,11 @@ Fail early on webhook settings that cannot work.
 {{- if and (not .Values.webhook.caBundle) (or .Values.webhook.url (not .Values.webhook.certManager.enabled)) }}
 {{- fail "webhook.enabled needs webhook.caBundle (base64 PEM of the CA that signed the webhook certificate), or webhook.certManager.enabled=true" }}
 {{- end }}
-{{- if and (include "gpu-scheduler.webhookInCluster" .) (lt (int .Values.replicaCount) 1) }}
-{{- fail "webhook.enabled without webhook.url runs the webhook in the scheduler pod: replicaCount must be at least 1" }}
+{{- if and .Values.webhook.clientAuth.enabled (not .Values.webhook.clientAuth.caBundle) }}
+{{- fail "webhook.clientAuth.enabled needs webhook.clientAuth.caBundle (base64 PEM of the CA that signs the apiserver's client certificate)" }}
+{{- end }}
+{{- if and .Values.webhook.clientAuth.enabled .Values.webhook.url }}
+{{- fail "webhook.clientAuth configures the in-cluster webhook: with webhook.url set WEBHOOK_CLIENT_CA_FILE on the process you run" }}
 {{- end }}
 {{- if or (and .Values.webhook.tls.crt (not .Values.webhook.tls.key)) (and .Values.webhook.tls.key (not .Values.webhook.tls.crt)) }}
 {{- fail "webhook.tls.crt and webhook.tls.key go together" }}

@@ -1,8 +1,9 @@
 """Fixtures for the scheduler's integration tests (registered by tests/conftest.py).
 
-The scheduler runs as a host process with a ServiceAccount token, bound to a
-ClusterRole holding exactly the rules listed in docs/scheduler.md ("RBAC"),
-never as admin: a missing permission fails these tests.
+The scheduler runs as a host process with a ServiceAccount token, bound to the
+ClusterRole and Role that gpu-scheduler-chart renders (tests/support/rbac.py reads
+them from ``helm template``; docs/scheduler.md "RBAC"), never as admin: a missing
+permission fails these tests.
 """
 
 from __future__ import annotations
@@ -19,74 +20,35 @@ import pytest
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.scheduler_host import http_url, run_scheduler
+from tests.support.rbac import ChartIdentity, chart_identity
 
 SCHEDULER_SA = "gpu-scheduler"
-
-# The scheduler's least privilege; docs/scheduler.md lists the same rules.
-CLUSTER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
-    {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-]
-LEASE_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-]
+# The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
+LEASE_NAME = "gpu-scheduler"
 
 
-def rbac_manifests(namespace: str, name: str) -> list[dict[str, Any]]:
-    subject = [{"kind": "ServiceAccount", "name": SCHEDULER_SA, "namespace": namespace}]
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": SCHEDULER_SA, "namespace": namespace},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": name},
-            "rules": CLUSTER_RULES,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-            "subjects": subject,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": "gpu-scheduler-leader-election", "namespace": namespace},
-            "rules": LEASE_RULES,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "gpu-scheduler-leader-election", "namespace": namespace},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "gpu-scheduler-leader-election",
-            },
-            "subjects": subject,
-        },
-    ]
+def scheduler_chart_values(scheduler_name: str = "gpu-scheduler") -> dict[str, Any]:
+    """Chart values for the tests' scheduler: ServiceAccount ``gpu-scheduler`` and the
+    scheduler's default Lease name."""
+    return {
+        "serviceAccount": {"name": SCHEDULER_SA},
+        "scheduler": {"name": scheduler_name, "leaderElection": {"leaseName": LEASE_NAME}},
+    }
 
 
 @pytest.fixture
-def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Iterator[Path]:
-    """A kubeconfig with the token of a least-privilege ServiceAccount in ``namespace``."""
-    name = f"gpu-scheduler-{namespace}"
-    cluster.apply(rbac_manifests(namespace, name))
-    try:
-        yield cluster.service_account_kubeconfig(namespace, SCHEDULER_SA)
-    finally:
-        cluster.kubectl(
-            "delete", f"clusterrolebinding/{name}", f"clusterrole/{name}", "--ignore-not-found", check=False
-        )
+def scheduler_identity(cluster: Cluster, namespace: str) -> Iterator[ChartIdentity]:
+    """The chart's scheduler ServiceAccount and RBAC in ``namespace`` (release ``gs-<namespace>``)."""
+    with chart_identity(
+        cluster, namespace, "scheduler", f"gs-{namespace}", scheduler_chart_values()
+    ) as ident:
+        yield ident
+
+
+@pytest.fixture
+def scheduler_kubeconfig(scheduler_identity: ChartIdentity) -> Path:
+    """A kubeconfig with the token of the chart's (least-privilege) scheduler ServiceAccount."""
+    return scheduler_identity.kubeconfig
 
 
 @pytest.fixture

@@ -1,9 +1,8 @@
 """Fixtures that put the real webhook in front of the real kube-apiserver.
 
 * ``webhook_certs`` (session): CA and serving certificate from generate-webhook-certs.py, SAN 127.0.0.1.
-* ``webhook_server`` (session): ``gpu-scheduler-webhook`` as a host process on 127.0.0.1, watching
-  nodes with a ServiceAccount that may only ``list`` and ``watch`` them (the RBAC the chart grants;
-  no ``get``: node look-ups are answered from the webhook's watch cache).
+* ``webhook_server`` (session): ``gpu-scheduler-webhook`` as a host process on 127.0.0.1, reading
+  nodes with the chart's webhook ServiceAccount, which may only list and watch them.
 * ``webhook_configs`` (per test): Mutating- and ValidatingWebhookConfigurations pointing at
   ``https://127.0.0.1:PORT`` with the caBundle, limited to the test's namespace and to objects
   carrying the annotation; waits until the apiserver really calls them; deleted afterwards.
@@ -31,6 +30,7 @@ import yaml
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
+from tests.support.rbac import chart_identity
 
 ANNOTATION = "gpu-scheduling-map"
 POD_CONDITION = f"has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations"
@@ -83,32 +83,14 @@ def webhook_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
-    """A kubeconfig for a ServiceAccount allowed to ``list`` and ``watch`` nodes and nothing else."""
-    suffix = uuid.uuid4().hex[:6]
-    ns, role = f"webhook-host-{suffix}", f"webhook-host-node-reader-{suffix}"
-    cluster.apply(
-        [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "webhook", "namespace": ns}},
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": role},
-                "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}],
-            },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": role},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                "subjects": [{"kind": "ServiceAccount", "name": "webhook", "namespace": ns}],
-            },
-        ]
-    )
+    """A kubeconfig for the chart's webhook ServiceAccount (nodes list/watch, nothing else:
+    the RBAC gpu-scheduler-chart renders, read by tests/support/rbac.py)."""
+    ns = f"webhook-host-{uuid.uuid4().hex[:6]}"
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     try:
-        yield cluster.service_account_kubeconfig(ns, "webhook")
+        with chart_identity(cluster, ns, "webhook", f"wh-{ns}") as ident:
+            yield ident.kubeconfig
     finally:
-        cluster.kubectl("delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found", check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 

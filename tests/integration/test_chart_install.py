@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from localcluster.cluster import Cluster
-from localcluster.release import release_status, webhook_host_values
+from localcluster.release import release_service_account, release_status, webhook_host_values
 from tests.integration.fixtures_chart import (
     CHECK_CHART,
     SCHEDULER_CHART,
@@ -59,6 +59,55 @@ def assert_objects_exist(cluster: Cluster, docs: list[dict[str, Any]], namespace
         assert res.returncode == 0, f"{kind}/{name} missing: {res.stderr}"
 
 
+def pods_selected(cluster: Cluster, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    labels = ",".join(f"{k}={v}" for k, v in selector.items())
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", labels, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def assert_selectors_pick_their_own_pods(
+    cluster: Cluster, docs: list[dict[str, Any]], namespace: str
+) -> None:
+    """The controllers create the Deployments' pods (kwok may never run them): each
+    Deployment's, Service's, PodDisruptionBudget's and NetworkPolicy's selector picks the
+    pods of its own component only, and no Deployment adopts the other's pods."""
+    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    for dep in deployments:
+        selector = dep["spec"]["selector"]["matchLabels"]
+        cluster.wait_until(
+            lambda selector=selector, n=dep["spec"]["replicas"]: (
+                len(pods_selected(cluster, namespace, selector)) == n
+            ),
+            60,
+            f"the pods of Deployment {dep['metadata']['name']}",
+        )
+    component_of = {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        for d in deployments
+    }
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        selector = {
+            "Deployment": lambda d: d["spec"]["selector"]["matchLabels"],
+            "Service": lambda d: d["spec"]["selector"],
+            "PodDisruptionBudget": lambda d: d["spec"]["selector"]["matchLabels"],
+            "NetworkPolicy": lambda d: d["spec"]["podSelector"]["matchLabels"],
+        }.get(kind, lambda d: None)(doc)
+        if not selector:
+            continue
+        expected = "webhook" if name.endswith("-webhook") else "scheduler"
+        pods = pods_selected(cluster, namespace, selector)
+        assert pods, f"{kind}/{name} selects no pod"
+        found = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods}
+        assert found == {expected}, f"{kind}/{name} selects {found} pods"
+        if kind == "Deployment":
+            for p in pods:
+                (owner,) = p["metadata"]["ownerReferences"]
+                rs = f"{name}-{p['metadata']['labels']['pod-template-hash']}"
+                assert (owner["kind"], owner["name"]) == ("ReplicaSet", rs), owner
+                assert component_of[name] == expected
+
+
 @pytest.mark.parametrize("values_file", SCHEDULER_SCENARIOS, ids=lambda p: p.name)
 def test_scheduler_chart_scenario_installs(
     cluster: Cluster, namespace: str, helm_release: Callable[..., str], values_file: Path
@@ -70,6 +119,12 @@ def test_scheduler_chart_scenario_installs(
     docs = manifest_objects(cluster, release, namespace)
     assert {"Deployment", "ServiceAccount", "ClusterRole", "Role"} <= {d["kind"] for d in docs}
     assert_objects_exist(cluster, docs, namespace)
+    deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+    if values.get("webhook", {}).get("enabled"):
+        assert deployments == {f"{release}-gpu-scheduler", f"{release}-gpu-scheduler-webhook"}
+    else:
+        assert deployments == {f"{release}-gpu-scheduler"}
+    assert_selectors_pick_their_own_pods(cluster, docs, namespace)
     commands = hook_commands(cluster, release, namespace)
     assert commands and all(c.argv[0] == "gpu-scheduler-check" and c.argv[1] == "http-get" for c in commands)
     assert commands[0].argv[2] == f"http://{release}-gpu-scheduler.{namespace}.svc:8080/healthz"
@@ -128,6 +183,8 @@ def test_webhook_url_mode_install_and_rbac(
         "RoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     mutating = json.loads(
         cluster.kubectl(
@@ -135,32 +192,55 @@ def test_webhook_url_mode_install_and_rbac(
         ).stdout
     )
     assert mutating["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9/mutate"
-    sa = f"system:serviceaccount:{namespace}:{release}-gpu-scheduler"
+    assert release_service_account(cluster, release, namespace, "scheduler") == f"{release}-gpu-scheduler"
+    assert (
+        release_service_account(cluster, release, namespace, "webhook") == f"{release}-gpu-scheduler-webhook"
+    )
+    scheduler = f"system:serviceaccount:{namespace}:{release}-gpu-scheduler"
+    webhook = f"system:serviceaccount:{namespace}:{release}-gpu-scheduler-webhook"
     lease = f"{release}-gpu-scheduler"
     allowed = [
-        ("create", "pods/binding", None),
-        ("patch", "pods", None),
-        ("watch", "pods", None),
-        ("patch", "pods/status", None),
-        ("list", "nodes", None),
-        ("get", "nodes", None),
-        ("create", "events.events.k8s.io", None),
-        ("create", "leases.coordination.k8s.io", namespace),
-        ("update", f"leases.coordination.k8s.io/{lease}", namespace),
+        (scheduler, "create", "pods/binding", None),
+        (scheduler, "delete", "pods", None),
+        (scheduler, "watch", "pods", None),
+        (scheduler, "patch", "pods/status", None),
+        (scheduler, "list", "nodes", None),
+        (scheduler, "create", "events.events.k8s.io", None),
+        (scheduler, "create", "leases.coordination.k8s.io", namespace),
+        (scheduler, "update", f"leases.coordination.k8s.io/{lease}", namespace),
+        (webhook, "list", "nodes", None),
+        (webhook, "watch", "nodes", None),
     ]
     denied = [
-        ("delete", "pods", None),
-        ("create", "pods", None),
-        ("update", "nodes", None),
-        ("get", "secrets", None),
-        ("update", "leases.coordination.k8s.io/someone-else", namespace),
-        ("create", "leases.coordination.k8s.io", "kube-system"),
+        (scheduler, "patch", "pods", None),
+        (scheduler, "update", "pods", None),
+        (scheduler, "create", "pods", None),
+        (scheduler, "update", "pods/status", None),
+        (scheduler, "get", "nodes", None),
+        (scheduler, "update", "nodes", None),
+        (scheduler, "get", "secrets", None),
+        (scheduler, "create", "events", None),
+        (scheduler, "update", "leases.coordination.k8s.io/someone-else", namespace),
+        (scheduler, "create", "leases.coordination.k8s.io", "kube-system"),
+        (webhook, "get", "pods", None),
+        (webhook, "create", "pods/binding", None),
+        (webhook, "get", "nodes", None),
+        (webhook, "get", "secrets", None),
     ]
-    for verb, resource, ns in allowed + denied:
+    for user, verb, resource, ns in allowed + denied:
         scope = ["-n", ns] if ns else ["--all-namespaces"]
         what, _, sub = resource.partition("/") if resource.startswith("pods/") else (resource, "", "")
         if sub:
             scope.append(f"--subresource={sub}")
-        res = cluster.kubectl("auth", "can-i", verb, what, f"--as={sa}", *scope, check=False)
-        expected = "yes" if (verb, resource, ns) in allowed else "no"
-        assert res.stdout.strip() == expected, f"can-i {verb} {resource} ({ns}): {res.stdout}{res.stderr}"
+        res = cluster.kubectl("auth", "can-i", verb, what, f"--as={user}", *scope, check=False)
+        expected = "yes" if (user, verb, resource, ns) in allowed else "no"
+        assert res.stdout.strip() == expected, (
+            f"{user} can-i {verb} {resource} ({ns}): {res.stdout}{res.stderr}"
+        )
+    # The release's admission policy names the release's scheduler ServiceAccount.
+    vap = json.loads(
+        cluster.kubectl(
+            "get", "validatingadmissionpolicy", f"{release}-gpu-scheduler-pods", "-o", "json"
+        ).stdout
+    )
+    assert f"'{scheduler}'" in vap["spec"]["matchConditions"][0]["expression"]

@@ -286,6 +286,8 @@ def chart_kinds() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     all_features = {
         "replicaCount": 2,

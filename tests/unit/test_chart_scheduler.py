@@ -29,6 +29,12 @@ FULL = "rel-gpu-scheduler"
 WEBHOOK = f"{FULL}-webhook"
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 SELECTOR = {"app.kubernetes.io/name": "gpu-scheduler", "app.kubernetes.io/instance": REL}
+WEBHOOK_SELECTOR = {
+    "app.kubernetes.io/name": "gpu-scheduler-webhook",
+    "app.kubernetes.io/instance": REL,
+    "app.kubernetes.io/component": "webhook",
+}
+SCHEDULER_USER = f"system:serviceaccount:{NS}:{FULL}"
 
 
 def webhook_values(**extra: Any) -> dict[str, Any]:
@@ -49,6 +55,18 @@ def kinds(docs: list[dict[str, Any]]) -> set[str]:
     return {d["kind"] for d in docs if not is_hook(d)}
 
 
+def scheduler_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment", FULL)
+
+
+def webhook_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment", WEBHOOK)
+
+
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
 # ---------------------------------------------------------------- scenarios
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 @pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
@@ -66,18 +84,20 @@ def test_ci_scenarios_are_the_documented_ones() -> None:
         "webhook-existing-secret",
         "webhook-cert-manager",
         "ha",
+        "webhook-client-auth",
     } <= names
 
 
 def test_defaults_are_scheduler_only() -> None:
     docs = render(CHART)
-    assert kinds(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} | {
-        "Service",
-        "Deployment",
-    }
+    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {"Service", "Deployment"}
     dep = one(docs, "Deployment")
+    assert dep["metadata"]["name"] == FULL
     assert [c["name"] for c in pod_spec(dep)["containers"]] == ["scheduler"]
     assert not find(docs, "MutatingWebhookConfiguration")
+    # Without the webhook: one ServiceAccount, one ClusterRole (the scheduler's).
+    assert [d["metadata"]["name"] for d in find(docs, "ServiceAccount")] == [FULL]
+    assert [d["metadata"]["name"] for d in find(docs, "ClusterRole")] == [FULL]
 
 
 # ---------------------------------------------------------------- schema
@@ -157,27 +177,75 @@ def test_restricted_security_context_everywhere(values_file: Path) -> None:
             assert c["resources"]["limits"] and c["resources"]["requests"], c["name"]
 
 
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
 @pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
-def test_selectors_are_name_and_instance_only(values_file: Path) -> None:
+def test_every_selector_selects_one_component(values_file: Path) -> None:
+    """The scheduler's selectors (Deployment, Service, PDB, NetworkPolicy, anti-affinity)
+    select scheduler pods only, the webhook's webhook pods only. The scheduler
+    Deployment's selector is the old chart's (immutable on upgrade)."""
     docs = render(CHART, [values_file])
+    pods = {
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"][
+            "metadata"
+        ]["labels"]
+        for d in find(docs, "Deployment")
+    }
+    assert scheduler_deployment(docs)["spec"]["selector"] == {"matchLabels": SELECTOR}
+    selectors: list[tuple[str, dict[str, str]]] = []
     for doc in docs:
-        if doc["kind"] == "Deployment":
-            assert doc["spec"]["selector"] == {"matchLabels": SELECTOR}
-            labels = doc["spec"]["template"]["metadata"]["labels"]
-            assert SELECTOR.items() <= labels.items()
-        elif doc["kind"] == "Service":
-            assert doc["spec"]["selector"] == SELECTOR
-        elif doc["kind"] in ("PodDisruptionBudget", "NetworkPolicy"):
-            sel = doc["spec"]["selector" if doc["kind"] == "PodDisruptionBudget" else "podSelector"]
-            assert sel == {"matchLabels": SELECTOR}
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind == "Deployment":
+            selectors.append((name, doc["spec"]["selector"]["matchLabels"]))
+            for term in (
+                pod_spec(doc)
+                .get("affinity", {})
+                .get("podAntiAffinity", {})
+                .get("preferredDuringSchedulingIgnoredDuringExecution", [])
+            ):
+                selectors.append((name, term["podAffinityTerm"]["labelSelector"]["matchLabels"]))
+        elif kind == "Service":
+            selectors.append((name, doc["spec"]["selector"]))
+        elif kind == "PodDisruptionBudget":
+            selectors.append((name, doc["spec"]["selector"]["matchLabels"]))
+        elif kind == "NetworkPolicy":
+            selectors.append((name, doc["spec"]["podSelector"]["matchLabels"]))
+    assert selectors
+    for name, selector in selectors:
+        selected = [component for component, labels in pods.items() if matches(selector, labels)]
+        expected = "webhook" if name == WEBHOOK else "scheduler"
+        assert selected == [expected], f"{name}: {selector} selects {selected}"
+        assert selector in (SELECTOR, WEBHOOK_SELECTOR), f"{name}: {selector}"
 
 
-def test_tmp_is_an_emptydir_in_every_container() -> None:
-    dep = one(render(CHART, [CHART / "ci" / "webhook-cabundle-values.yaml"]), "Deployment")
-    volumes = {v["name"]: v for v in pod_spec(dep)["volumes"]}
-    assert "emptyDir" in volumes["tmp"]
-    for c in pod_spec(dep)["containers"]:
-        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+def test_upgrade_from_the_single_deployment_chart_keeps_the_scheduler_deployment() -> None:
+    """The old chart ran the webhook as a second container of Deployment FULL. The new
+    one keeps that Deployment (same name, same immutable selector) without the webhook
+    container, and adds Deployment FULL-webhook whose pods the old selector cannot adopt."""
+    docs = render(CHART, values=webhook_values())
+    sched, hook = scheduler_deployment(docs), webhook_deployment(docs)
+    assert sched["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert [c["name"] for c in pod_spec(sched)["containers"]] == ["scheduler"]
+    assert [c["name"] for c in pod_spec(hook)["containers"]] == ["webhook"]
+    assert not matches(SELECTOR, hook["spec"]["template"]["metadata"]["labels"])
+    assert not matches(WEBHOOK_SELECTOR, sched["spec"]["template"]["metadata"]["labels"])
+    assert hook["spec"]["selector"] == {"matchLabels": WEBHOOK_SELECTOR}
+    assert one(docs, "Service", WEBHOOK)["spec"]["selector"] == WEBHOOK_SELECTOR
+    assert one(docs, "Service", FULL)["spec"]["selector"] == SELECTOR
+    # Nothing of the webhook is left in the scheduler's pod.
+    assert {v["name"] for v in pod_spec(sched)["volumes"]} == {"tmp"}
+    assert "annotations" not in sched["spec"]["template"]["metadata"]
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_tmp_is_an_emptydir_in_every_container(values_file: Path) -> None:
+    for dep in find(render(CHART, [values_file]), "Deployment"):
+        volumes = {v["name"]: v for v in pod_spec(dep)["volumes"]}
+        assert "emptyDir" in volumes["tmp"]
+        for c in pod_spec(dep)["containers"]:
+            assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
 
 
 # ---------------------------------------------------------------- scheduler container
@@ -194,6 +262,9 @@ def test_scheduler_container() -> None:
     assert env["GPU_SCHEDULER_LEASE_NAMESPACE"] == NS
     assert env["GPU_SCHEDULER_HTTP_PORT"] == "8080"
     assert env["GPU_SCHEDULER_LOG_LEVEL"] == "DEBUG"
+    # No webhook: nothing to require; recreation of not-injected pods on by default.
+    assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == "false"
+    assert env["GPU_SCHEDULER_RECREATE_NOT_INJECTED"] == "true"
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -204,6 +275,30 @@ def test_scheduler_container() -> None:
         "node-role.kubernetes.io/control-plane",
         "node-role.kubernetes.io/master",
     }
+
+
+@pytest.mark.parametrize(
+    ("values", "require", "recreate"),
+    [
+        ({"webhook": {"enabled": True, "caBundle": CA}}, "true", "true"),
+        ({"webhook": {"enabled": True, "caBundle": CA, "url": "https://127.0.0.1:9443"}}, "true", "true"),
+        (
+            {
+                "webhook": {"enabled": True, "caBundle": CA},
+                "scheduler": {"name": "gpu-scheduler", "recreateNotInjected": False},
+            },
+            "true",
+            "false",
+        ),
+        ({"webhook": {"enabled": False}}, "false", "true"),
+    ],
+)
+def test_scheduler_injection_settings_follow_the_webhook(
+    values: dict[str, Any], require: str, recreate: str
+) -> None:
+    env = env_of(container(scheduler_deployment(render(CHART, values=values)), "scheduler"))
+    assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == require
+    assert env["GPU_SCHEDULER_RECREATE_NOT_INJECTED"] == recreate
 
 
 def test_image_defaults_to_app_version_and_can_be_pinned() -> None:
@@ -225,69 +320,213 @@ def test_health_service() -> None:
 
 
 # ---------------------------------------------------------------- RBAC
-def test_rbac_is_least_privilege() -> None:
-    docs = render(CHART)
-    role = one(docs, "ClusterRole")
-    rules = {
-        (g, r): sorted(rule["verbs"])
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-    }
-    assert rules == {
-        ("", "pods"): ["get", "list", "patch", "watch"],
+def rule_map(role: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule, rule
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                assert (g, r) not in out, f"{g}/{r} listed twice"
+                out[(g, r)] = sorted(rule["verbs"])
+    return out
+
+
+def test_scheduler_rbac_is_exactly_what_it_calls() -> None:
+    docs = render(CHART, values=webhook_values())
+    role = one(docs, "ClusterRole", FULL)
+    assert rule_map(role) == {
+        ("", "pods"): ["delete", "get", "list", "watch"],
         ("", "pods/binding"): ["create"],
-        ("", "pods/status"): ["patch", "update"],
-        ("", "nodes"): ["get", "list", "watch"],
-        ("", "events"): ["create", "patch"],
+        ("", "pods/status"): ["patch"],
+        ("", "nodes"): ["list", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],
     }
-    binding = one(docs, "ClusterRoleBinding")
+    binding = one(docs, "ClusterRoleBinding", FULL)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": FULL,
+    }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": NS}]
     lease_role = one(docs, "Role")
     assert lease_role["metadata"]["namespace"] == NS
-    verbs: set[str] = set()
-    for rule in lease_role["rules"]:
-        assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
-        verbs |= set(rule["verbs"])
-        if "resourceNames" in rule:
-            assert rule["resourceNames"] == [FULL]
-    assert verbs == {"get", "create", "update"}
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [FULL],
+            "verbs": ["get", "update"],
+        },
+    ]
     rb = one(docs, "RoleBinding")
     assert rb["roleRef"]["name"] == lease_role["metadata"]["name"]
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": NS}]
+
+
+def test_webhook_rbac_is_nodes_list_watch_only() -> None:
+    docs = render(CHART, values=webhook_values())
+    role = one(docs, "ClusterRole", WEBHOOK)
+    assert rule_map(role) == {("", "nodes"): ["list", "watch"]}
+    binding = one(docs, "ClusterRoleBinding", WEBHOOK)
+    assert binding["roleRef"]["name"] == WEBHOOK
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": WEBHOOK, "namespace": NS}]
+    # Its own ServiceAccount, bound to nothing else.
+    sa = one(docs, "ServiceAccount", WEBHOOK)
+    assert sa["automountServiceAccountToken"] is False
+    bound = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and any(s["name"] == WEBHOOK for s in d["subjects"])
+    ]
+    assert bound == [WEBHOOK]
+    assert pod_spec(webhook_deployment(docs))["serviceAccountName"] == WEBHOOK
+    assert pod_spec(scheduler_deployment(docs))["serviceAccountName"] == FULL
+
+
+def test_rbac_objects_carry_their_component() -> None:
+    """tests/support/rbac.py picks each component's RBAC by this label."""
+    docs = render(CHART, values=webhook_values())
+    for doc in docs:
+        if doc["kind"] in RBAC_KINDS:
+            expected = "webhook" if doc["metadata"]["name"] == WEBHOOK else "scheduler"
+            assert doc["metadata"]["labels"]["app.kubernetes.io/component"] == expected, doc["metadata"]
+
+
+def test_webhook_service_account_name_and_annotations() -> None:
+    docs = render(
+        CHART,
+        values=webhook_values(serviceAccount={"name": "hook-sa", "annotations": {"a": "b"}}),
+    )
+    sa = one(docs, "ServiceAccount", "hook-sa")
+    assert sa["metadata"]["annotations"] == {"a": "b"}
+    assert one(docs, "ClusterRoleBinding", WEBHOOK)["subjects"][0]["name"] == "hook-sa"
+    assert pod_spec(webhook_deployment(docs))["serviceAccountName"] == "hook-sa"
 
 
 def test_rbac_can_be_left_out() -> None:
-    docs = render(CHART, set_args=["rbac.create=false"])
+    docs = render(CHART, values={**webhook_values(), "rbac": {"create": False}})
     assert not find(docs, "ClusterRole") and not find(docs, "Role")
+    assert not find(docs, "ClusterRoleBinding") and not find(docs, "RoleBinding")
 
 
 # ---------------------------------------------------------------- webhook
-def test_webhook_container_and_service() -> None:
+def test_webhook_deployment_container_and_service() -> None:
     docs = render(
-        CHART, values=webhook_values(injectionMode="nvidia", gpuResourcePolicy="deny", failurePolicy="Fail")
+        CHART,
+        values={
+            "scheduler": {"name": "my-sched"},
+            **webhook_values(injectionMode="nvidia", gpuResourcePolicy="deny", failurePolicy="Fail"),
+        },
     )
-    dep = one(docs, "Deployment")
-    c = container(dep, "webhook")
-    assert c["command"] == ["gpu-scheduler-webhook"]
+    dep = webhook_deployment(docs)
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    (c,) = pod_spec(dep)["containers"]
+    assert c["name"] == "webhook" and c["command"] == ["gpu-scheduler-webhook"]
     env = env_of(c)
     assert env["WEBHOOK_INJECTION_MODE"] == "nvidia"
     assert env["WEBHOOK_GPU_RESOURCE_POLICY"] == "deny"
     assert env["WEBHOOK_PORT"] == "8443"
     assert env["WEBHOOK_TLS_CERT_FILE"] == "/etc/webhook/certs/tls.crt"
     assert env["WEBHOOK_TLS_KEY_FILE"] == "/etc/webhook/certs/tls.key"
+    assert env["WEBHOOK_SCHEDULER_NAME"] == "my-sched"
+    assert "WEBHOOK_CLIENT_CA_FILE" not in env
     assert c["ports"][0]["containerPort"] == 8443
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    for probe, path in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
         assert c[probe]["httpGet"] == {"path": path, "port": "webhook", "scheme": "HTTPS"}
     assert {"name": "webhook-certs", "mountPath": "/etc/webhook/certs", "readOnly": True} in c["volumeMounts"]
-    volumes = {v["name"]: v for v in pod_spec(dep)["volumes"]}
+    assert c["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
+    spec = pod_spec(dep)
+    volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == f"{WEBHOOK}-tls"
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert "checksum/webhook-tls" in dep["spec"]["template"]["metadata"]["annotations"]
     svc = one(docs, "Service", WEBHOOK)
     assert svc["spec"]["ports"] == [
         {"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}
     ]
     mutating = one(docs, "MutatingWebhookConfiguration")
     assert mutating["webhooks"][0]["failurePolicy"] == "Fail"
+
+
+def test_webhook_replicas_pdb_and_anti_affinity() -> None:
+    docs = render(CHART, values=webhook_values())
+    pdb = one(docs, "PodDisruptionBudget", WEBHOOK)
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": WEBHOOK_SELECTOR}}
+    term = pod_spec(webhook_deployment(docs))["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ][0]["podAffinityTerm"]
+    assert term == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": WEBHOOK_SELECTOR},
+    }
+    # The scheduler (1 replica) gets neither.
+    assert not find(docs, "PodDisruptionBudget", FULL)
+    assert "affinity" not in pod_spec(scheduler_deployment(docs))
+    # One webhook replica: no PDB, no anti-affinity; an explicit affinity wins.
+    docs = render(CHART, values=webhook_values(replicaCount=1))
+    assert not find(docs, "PodDisruptionBudget")
+    assert "affinity" not in pod_spec(webhook_deployment(docs))
+    aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    docs = render(CHART, values=webhook_values(affinity=aff))
+    assert pod_spec(webhook_deployment(docs))["affinity"] == aff
+    assert template(CHART, values=webhook_values(replicaCount=0)).returncode != 0
+
+
+def test_webhook_runs_without_a_scheduler_pod() -> None:
+    docs = render(CHART, values={"replicaCount": 0, **webhook_values()})
+    assert [d["metadata"]["name"] for d in find(docs, "Deployment")] == [WEBHOOK]
+    assert one(docs, "Service")["metadata"]["name"] == WEBHOOK
+
+
+def test_webhook_client_auth_mounts_the_ca() -> None:
+    crt, _ = self_signed()
+    client_ca = base64.b64encode(crt.encode()).decode()
+    docs = render(CHART, values=webhook_values(clientAuth={"enabled": True, "caBundle": client_ca}))
+    cm = one(docs, "ConfigMap", f"{WEBHOOK}-client-ca")
+    assert cm["data"]["ca.crt"].strip() == crt.strip()
+    dep = webhook_deployment(docs)
+    c = container(dep, "webhook")
+    assert env_of(c)["WEBHOOK_CLIENT_CA_FILE"] == "/etc/webhook/client-ca/ca.crt"
+    assert {"name": "client-ca", "mountPath": "/etc/webhook/client-ca", "readOnly": True} in c["volumeMounts"]
+    volumes = {v["name"]: v for v in pod_spec(dep)["volumes"]}
+    assert volumes["client-ca"]["configMap"]["name"] == f"{WEBHOOK}-client-ca"
+    # Off by default: no ConfigMap, no variable, no mount.
+    docs = render(CHART, values=webhook_values())
+    assert not [d for d in find(docs, "ConfigMap") if not is_hook(d)]
+    assert "WEBHOOK_CLIENT_CA_FILE" not in env_of(container(webhook_deployment(docs), "webhook"))
+
+
+def test_webhook_pods_roll_when_a_certificate_value_changes() -> None:
+    def checksum(**extra: Any) -> str:
+        dep = webhook_deployment(render(CHART, values=webhook_values(**extra)))
+        return str(dep["spec"]["template"]["metadata"]["annotations"]["checksum/webhook-tls"])
+
+    crt, _ = self_signed()
+    base = checksum()
+    assert checksum(existingSecret="other") != base
+    assert checksum(clientAuth={"enabled": True, "caBundle": base64.b64encode(crt.encode()).decode()}) != base
+    assert checksum() == base
+
+
+def test_network_policies_per_component() -> None:
+    docs = render(CHART, [CHART / "ci" / "ha-values.yaml"])
+    sched = one(docs, "NetworkPolicy", FULL)["spec"]
+    assert sched["podSelector"] == {"matchLabels": SELECTOR}
+    assert sched["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    hook = one(docs, "NetworkPolicy", WEBHOOK)["spec"]
+    assert hook["podSelector"] == {"matchLabels": WEBHOOK_SELECTOR}
+    assert hook["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
 
 
 def test_mutating_webhook_configuration() -> None:
@@ -363,24 +602,23 @@ def test_extra_namespace_selector_is_anded() -> None:
 def test_webhook_url_mode_renders_only_the_configurations() -> None:
     url = "https://127.0.0.1:9443"
     docs = render(CHART, values={"replicaCount": 0, **webhook_values(url=url)})
-    assert kinds(docs) == {
-        "ServiceAccount",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Role",
-        "RoleBinding",
+    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     }
+    # Both ServiceAccounts, for the processes run outside the cluster.
+    assert {d["metadata"]["name"] for d in find(docs, "ServiceAccount")} == {FULL, WEBHOOK}
     assert not [d for d in docs if is_hook(d)]
     m = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
     v = one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]["clientConfig"]
     assert m == {"url": f"{url}/mutate", "caBundle": CA}
     assert v == {"url": f"{url}/validate", "caBundle": CA}
-    # With the scheduler in the cluster: the scheduler only, no webhook container/Service/Secret.
+    # With the scheduler in the cluster: the scheduler only, no webhook Deployment/Service/Secret.
     docs = render(CHART, values=webhook_values(url=url + "/"))
     dep = one(docs, "Deployment")
+    assert dep["metadata"]["name"] == FULL
     assert [c["name"] for c in pod_spec(dep)["containers"]] == ["scheduler"]
+    assert not find(docs, "PodDisruptionBudget") and not find(docs, "NetworkPolicy")
     assert not find(docs, "Secret") and not find(docs, "Service", WEBHOOK)
     assert one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["url"] == f"{url}/mutate"
 
@@ -393,7 +631,21 @@ def test_webhook_url_mode_renders_only_the_configurations() -> None:
             {"webhook": {"enabled": True, "url": "https://127.0.0.1:1", "certManager": {"enabled": True}}},
             "caBundle",
         ),
-        ({"replicaCount": 0, "webhook": {"enabled": True, "caBundle": CA}}, "replicaCount"),
+        (
+            {"webhook": {"enabled": True, "caBundle": CA, "clientAuth": {"enabled": True}}},
+            "clientAuth.caBundle",
+        ),
+        (
+            {
+                "webhook": {
+                    "enabled": True,
+                    "caBundle": CA,
+                    "url": "https://127.0.0.1:1",
+                    "clientAuth": {"enabled": True, "caBundle": CA},
+                }
+            },
+            "WEBHOOK_CLIENT_CA_FILE",
+        ),
         ({"webhook": {"enabled": True, "caBundle": CA, "tls": {"crt": "x"}}}, "go together"),
         (
             {
@@ -459,7 +711,7 @@ def test_tls_from_values_creates_the_secret() -> None:
 def test_existing_secret_is_mounted_not_created() -> None:
     docs = render(CHART, [CHART / "ci" / "webhook-existing-secret-values.yaml"])
     assert not find(docs, "Secret")
-    volumes = {v["name"]: v for v in pod_spec(one(docs, "Deployment"))["volumes"]}
+    volumes = {v["name"]: v for v in pod_spec(webhook_deployment(docs))["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == "gpu-scheduler-webhook-serving-cert"
 
 
@@ -476,7 +728,7 @@ def test_cert_manager_chain_and_ca_injection() -> None:
     assert f"{WEBHOOK}.{NS}.svc" in serving["dnsNames"]
     assert serving["secretName"] == f"{WEBHOOK}-tls"
     assert "server auth" in serving["usages"]
-    volumes = {v["name"]: v for v in pod_spec(one(docs, "Deployment"))["volumes"]}
+    volumes = {v["name"]: v for v in pod_spec(webhook_deployment(docs))["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == serving["secretName"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         cfg = one(docs, kind)
@@ -500,17 +752,98 @@ def test_cert_manager_with_an_external_issuer() -> None:
     assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
 
 
+# ---------------------------------------------------------------- ValidatingAdmissionPolicy
+def policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "ValidatingAdmissionPolicy", f"{FULL}-pods")
+
+
+def all_expressions(spec: dict[str, Any]) -> list[str]:
+    exprs = [c["expression"] for c in spec["matchConditions"]]
+    exprs += [v["expression"] for v in spec["variables"]]
+    for v in spec["validations"]:
+        exprs.append(v["expression"])
+        if "messageExpression" in v:
+            exprs.append(v["messageExpression"])
+    return exprs
+
+
+def test_admission_policy_and_binding() -> None:
+    docs = render(CHART, values={"scheduler": {"name": "my-sched"}})
+    spec = policy(docs)["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["pods", "pods/*"],
+            "scope": "Namespaced",
+        }
+    ]
+    (cond,) = spec["matchConditions"]
+    assert f"request.?userInfo.?username.orValue('') == '{SCHEDULER_USER}'" in cond["expression"]
+    assert "'gpu-scheduling-map'" in cond["expression"] and "'gpu-scheduler/assigned'" in cond["expression"]
+    for v in spec["validations"]:
+        assert v["message"].strip() and v["reason"] in ("Invalid", "Forbidden"), v
+    messages = " ".join(v["message"] for v in spec["validations"])
+    assert "may not set spec.nodeName" in messages and "my-sched" in messages
+    assert "cannot be changed, added or removed" in messages
+    assert SCHEDULER_USER in messages
+    assert "PodScheduled" in messages
+    assert "spec.schedulerName my-sched" in messages
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-pods")
+    assert binding["spec"] == {"policyName": f"{FULL}-pods", "validationActions": ["Deny"]}
+
+
+def test_admission_policy_follows_the_scheduler_service_account() -> None:
+    docs = render(CHART, values={"serviceAccount": {"name": "sched-sa"}})
+    user = f"system:serviceaccount:{NS}:sched-sa"
+    spec = policy(docs)["spec"]
+    assert f"'{user}'" in spec["matchConditions"][0]["expression"]
+    assert {v["name"]: v["expression"] for v in spec["variables"]}["isScheduler"] == (
+        f"request.?userInfo.?username.orValue('') == '{user}'"
+    )
+
+
+def test_admission_policy_expressions_are_null_safe() -> None:
+    """Under failurePolicy Fail an expression error refuses the request: object and
+    oldObject (null on CREATE/DELETE) are only ever compared with null or read with
+    optional selection, the request's fields other than operation (absent when empty,
+    e.g. subResource) likewise, and every map of a variable is read with `in` or `[?key]`."""
+    import re
+
+    spec = policy(render(CHART))["spec"]
+    for expr in all_expressions(spec):
+        flat = " ".join(expr.split())
+        # object.field / oldObject.field without the optional `?`.
+        assert not re.search(r"\b(object|oldObject)\.(?!\?)", flat), flat
+        assert not re.search(r"\brequest\.(?!\?|operation\b)", flat), flat
+        # variables.x[key] without `?` (a missing key is an error), except keys known present.
+        for m in re.finditer(r"variables\.(\w+)\[(?!\?)", flat):
+            assert m.group(1) in ("newStatus", "oldStatus"), flat
+        # Every object/oldObject access is guarded by a null check in the same expression.
+        if re.search(r"\b(object|oldObject)\.\?", flat) and "request.operation != 'CREATE'" not in flat:
+            assert "!= null" in flat or "== null ?" in flat, flat
+
+
+def test_admission_policy_can_be_turned_off() -> None:
+    docs = render(CHART, values={"admissionPolicy": {"enabled": False}})
+    assert not POLICY_KINDS & kinds(docs)
+
+
 # ---------------------------------------------------------------- HA and optional features
 def test_ha_scenario_has_pdb_and_anti_affinity() -> None:
     docs = render(CHART, [CHART / "ci" / "ha-values.yaml"])
-    dep = one(docs, "Deployment")
+    dep = scheduler_deployment(docs)
     assert dep["spec"]["replicas"] == 2
-    pdb = one(docs, "PodDisruptionBudget")
+    pdb = one(docs, "PodDisruptionBudget", FULL)
     assert pdb["spec"]["minAvailable"] == 1
     term = pod_spec(dep)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": SELECTOR}
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert one(docs, "NetworkPolicy")["spec"]["policyTypes"] == ["Ingress"]
+    for policy in find(docs, "NetworkPolicy"):
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert webhook_deployment(docs)["spec"]["replicas"] == 2
 
 
 def test_single_replica_has_no_pdb_and_no_affinity() -> None:
@@ -612,9 +945,11 @@ def test_notes_tell_what_to_run_next(tmp_path: Path) -> None:
     text = render_notes(CHART, tmp_path)
     assert f"rollout status deployment/{FULL}" in text
     assert f"helm test {REL}" in text
+    assert f"validatingadmissionpolicy,validatingadmissionpolicybinding {FULL}-pods" in text
     text = render_notes(CHART, tmp_path / "2", "webhook.enabled=true", f"webhook.caBundle={CA}")
     assert f"mutatingwebhookconfiguration,validatingwebhookconfiguration {WEBHOOK}" in text
     assert f"{WEBHOOK}-tls" in text
+    assert f"rollout status deployment/{WEBHOOK}" in text
 
 
 def documented_keys(values_yaml: Path) -> list[str]:

@@ -37,9 +37,16 @@ ALL_FEATURES: dict[str, Any] = {
     },
     "webhook": {
         "enabled": True,
+        "replicaCount": 3,
         "certManager": {"enabled": True},
         "namespaceSelector": {"matchLabels": {"g": "1"}},
+        "clientAuth": {
+            "enabled": True,
+            "caBundle": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
+        },
+        "serviceAccount": {"annotations": {"a": "b"}},
     },
+    "admissionPolicy": {"enabled": True},
     "imagePullSecrets": [{"name": "reg"}],
     "scheduler": {"name": "gpu-scheduler", "extraEnv": [{"name": "X", "value": "1"}]},
 }

@@ -1,0 +1,1 @@
+"""Helpers shared by the integration tests (no fixtures here: tests/integration/fixtures_*.py)."""

@@ -1,0 +1,139 @@
+"""The chart's RBAC for processes the tests run on the host.
+
+RBAC is written once, in ``gpu-scheduler-chart/templates/rbac.yaml``. The tests never
+restate it: :func:`render_rbac` renders the chart with ``helm template`` for the test's
+release and namespace, :func:`component_objects` keeps the ServiceAccount, roles and
+bindings of one component (label ``app.kubernetes.io/component``: ``scheduler`` or
+``webhook``), and :func:`chart_identity` applies them to the local control plane and
+yields a kubeconfig holding a token of that ServiceAccount
+(``Cluster.service_account_kubeconfig``), removing the cluster-scoped objects afterwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster.cluster import Cluster
+from localcluster.release import REPO, SCHEDULER_CHART
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENTS = ("scheduler", "webhook")
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding")
+# The URL and CA only let the chart render the webhook's objects; nothing calls them.
+_PLACEHOLDER_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").decode()
+BASE_VALUES: dict[str, Any] = {
+    "replicaCount": 0,
+    "webhook": {"enabled": True, "url": "https://127.0.0.1:1", "caBundle": _PLACEHOLDER_CA},
+}
+
+
+def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def render_chart(
+    cluster: Cluster, release: str, namespace: str, values: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """``helm template`` of gpu-scheduler-chart (base values: webhook enabled at a URL,
+    no scheduler pod; ``values`` merged over them): every rendered object."""
+    merged = _merge(BASE_VALUES, values or {})
+    with tempfile.TemporaryDirectory(prefix="gpu-scheduler-rbac-") as tmp:
+        values_file = Path(tmp) / "values.yaml"
+        values_file.write_text(yaml.safe_dump(merged))
+        text = cluster.helm(
+            "template",
+            release,
+            str(REPO / SCHEDULER_CHART),
+            "--namespace",
+            namespace,
+            "--values",
+            str(values_file),
+        ).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def component_objects(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    """The ServiceAccount, ClusterRole(Binding) and Role(Binding) of one component."""
+    if component not in COMPONENTS:
+        raise ValueError(f"component must be one of {COMPONENTS}, not {component!r}")
+    return [
+        d
+        for d in docs
+        if d["kind"] in RBAC_KINDS
+        and ((d.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == component
+    ]
+
+
+def render_rbac(
+    cluster: Cluster, release: str, namespace: str, component: str, values: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The chart's RBAC objects of ``component`` for ``release`` in ``namespace``."""
+    objects = component_objects(render_chart(cluster, release, namespace, values), component)
+    if [d["kind"] for d in objects].count("ServiceAccount") != 1:
+        raise RuntimeError(f"the chart rendered no single ServiceAccount for the {component}: {objects}")
+    return objects
+
+
+def rules_of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The rules of the one ``kind`` (ClusterRole or Role) among ``objects``."""
+    (role,) = [d for d in objects if d["kind"] == kind]
+    return list(role["rules"])
+
+
+@dataclass(frozen=True)
+class ChartIdentity:
+    """A component's ServiceAccount, created from the chart, and a kubeconfig with its token."""
+
+    component: str
+    namespace: str
+    service_account: str
+    kubeconfig: Path
+    objects: tuple[dict[str, Any], ...]
+
+    @property
+    def username(self) -> str:
+        """The name the apiserver gives this token (what RBAC and admission policies see)."""
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+
+@contextlib.contextmanager
+def chart_identity(
+    cluster: Cluster,
+    namespace: str,
+    component: str,
+    release: str,
+    values: Mapping[str, Any] | None = None,
+) -> Iterator[ChartIdentity]:
+    """Apply the chart's RBAC of ``component`` (rendered for ``release`` in ``namespace``,
+    which must exist) and yield its identity; the cluster-scoped objects are deleted
+    afterwards (the namespaced ones go with the namespace)."""
+    objects = render_rbac(cluster, release, namespace, component, values)
+    cluster.apply(objects)
+    try:
+        (sa,) = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
+        kubeconfig = cluster.service_account_kubeconfig(namespace, sa)
+        yield ChartIdentity(component, namespace, sa, kubeconfig, tuple(objects))
+    finally:
+        for doc in objects:
+            if doc["kind"] in CLUSTER_SCOPED:
+                cluster.kubectl(
+                    "delete",
+                    f"{doc['kind'].lower()}/{doc['metadata']['name']}",
+                    "--ignore-not-found",
+                    check=False,
+                )
