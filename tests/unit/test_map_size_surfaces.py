@@ -241,3 +241,56 @@ def test_cli_as_a_subprocess_refuses_a_1_mib_map_within_the_issues_bound(tmp_pat
     assert result["stderr"] == f"{path}: {LIMIT_MESSAGE}\n"
     assert result["seconds"] < ISSUE_SECONDS, result
     assert result["grown"] < ISSUE_BYTES, result
+
+
+# --- the scheduler ------------------------------------------------------------------------------
+
+
+def _scheduler_pod(text: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "w-0",
+            "namespace": "ns",
+            "uid": "u",
+            "annotations": {"gpu-scheduling-map": text},
+        },
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> None:
+    from gpu_scheduling.schedmap import parse_cache_clear
+    from scheduler.binding import MESSAGE_LIMIT, truncate_message
+    from scheduler.checks import INVALID_MAP, evaluate
+    from scheduler.events import NOTE_LIMIT, truncate
+    from scheduler.ledger import Ledger
+
+    pod = _scheduler_pod(malformed(MIB)[shape])
+
+    def decide() -> Any:
+        parse_cache_clear()
+        return evaluate(pod, {}, Ledger())
+
+    seconds, peak, decision = measure(decide)
+    assert decision.reason == INVALID_MAP
+    assert decision.message.endswith(LIMIT_MESSAGE), decision.message[-200:]
+    # What reaches the apiserver (Event note, PodScheduled message) and the log line is bounded.
+    note = f"{decision.reason}: {decision.message}"
+    assert len(truncate(note)) <= NOTE_LIMIT
+    assert len(truncate_message(note)) <= MESSAGE_LIMIT
+    assert len(note) < 400
+    # The issue's bound (1 s, 50 MB); measured: well under 10 ms and 1 MB.
+    assert seconds < ISSUE_SECONDS, seconds
+    assert peak < ISSUE_BYTES, peak
+
+
+@pytest.mark.parametrize("shape", ["many-bad-lines", "duplicate-ordinals", "duplicate-gpus", "commas"])
+def test_scheduler_message_for_a_map_just_under_the_limit_is_bounded(shape: str) -> None:
+    from scheduler.checks import INVALID_MAP, evaluate
+    from scheduler.ledger import Ledger
+
+    decision = evaluate(_scheduler_pod(malformed(UNDER_CAP)[shape]), {}, Ledger())
+    assert decision.reason == INVALID_MAP
+    assert len(decision.message) < 5000, len(decision.message)
