@@ -43,7 +43,6 @@ log = logging.getLogger("gpu_scheduling.check")
 
 MODES = INJECTION_MODES
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-PCI_BUS_ID = "PCI_BUS_ID"
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_USAGE = 2

@@ -27,7 +27,7 @@ from gpu_scheduling.manifest import (
     find_maps,
     looks_like_manifest,
 )
-from gpu_scheduling.rules import Finding, replica_findings, resolve, unused_ordinals
+from gpu_scheduling.rules import INVALID_MAP, Finding, replica_findings, resolve, unused_ordinals
 from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
 
 EXIT_OK = 0
@@ -145,6 +145,7 @@ def _check_text(report: MapReport, text: str) -> None:
                     "file_line": report.file_line(p.line) if p.line else key_line,
                     "text": p.text or None,
                     "message": p.message,
+                    "reason": INVALID_MAP,
                 }
             )
         if err.more:
@@ -155,6 +156,7 @@ def _check_text(report: MapReport, text: str) -> None:
                     "text": None,
                     "message": f"and {err.more} more problem{'' if err.more == 1 else 's'} "
                     f"(only the first {len(err.problems)} are listed)",
+                    "reason": INVALID_MAP,
                 }
             )
 
@@ -205,7 +207,13 @@ def check_input(
         report.warnings = [_note(n) for n in f.notes]
         if f.text is None:
             report.errors.append(
-                {"line": None, "file_line": f.key_line, "text": None, "message": f.value_error}
+                {
+                    "line": None,
+                    "file_line": f.key_line,
+                    "text": None,
+                    "message": f.value_error,
+                    "reason": INVALID_MAP,
+                }
             )
         else:
             _check_text(report, f.text)

@@ -253,7 +253,14 @@ RULES: dict[str, Rule] = {
             lint=WARN,
         ),
         _rule(ORDINAL_UNUSED, "OrdinalUsed", "every map entry is a replica", NEVER, "", lint=WARN),
-        _rule(NO_ORDINALS, "HasOrdinals", "the object's pods have ordinals (a StatefulSet)", NEVER, "", lint=WARN),
+        _rule(
+            NO_ORDINALS,
+            "HasOrdinals",
+            "the object's pods have ordinals (a StatefulSet)",
+            NEVER,
+            "",
+            lint=WARN,
+        ),
         _rule(MISSPELT_ANNOTATION, "AnnotationKey", f"no near-miss of {ANNOTATION}", NEVER, "", lint=WARN),
         _rule(FOLDED_MAP, "LiteralBlock", "the map is not a folded YAML block", NEVER, "", lint=WARN),
     )
@@ -372,7 +379,7 @@ def ready_condition(node: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def gpu_count(node: Mapping[str, Any]) -> int | None:
-    """``status.allocatable["nvidia.com/gpu"]`` (else capacity) as an integer; None when not reported."""
+    """The node's GPU count (:func:`gpu_scheduling.resources.node_gpus`); None when not reported."""
     return node_gpus(node.get("status"))
 
 
@@ -563,7 +570,9 @@ def gpu_resource_requested(names: Sequence[str], subject: str = "this pod", widt
     As many container names as fit; the explanation itself is never cut.
     """
     for count, name_width in ((len(names), 63), (3, 24), (2, 16), (1, 16)):
-        shown = ", ".join(repr(n[:name_width]) for n in names[:count]) + (", ..." if len(names) > count else "")
+        shown = ", ".join(repr(n[:name_width]) for n in names[:count]) + (
+            ", ..." if len(names) > count else ""
+        )
         text = f"{subject} also requests {GPU_RESOURCE} ({shown}): {PITFALL_ADVICE}"
         if len(text) <= width:
             break

@@ -393,7 +393,8 @@ class Scheduler:
         self.events.warning(pod, NOT_INJECTED, note)
         if first:
             log.warning(
-                "pod admitted without its GPU variables, not bound", extra={"pod": pod_key(pod), "detail": note}
+                "pod admitted without its GPU variables, not bound",
+                extra={"pod": pod_key(pod), "detail": note},
             )
             self._set_condition(pod, note)
 

@@ -90,12 +90,12 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
 
     node_name = spec.get("nodeName")
     if node_name:
-        denial = node_name_on_pod(str(node_name), settings.scheduler_name)
+        bypass = node_name_on_pod(str(node_name), settings.scheduler_name)
         log.info(
             "denied: spec.nodeName set on a mapped pod",
-            extra={**ctx, "node": excerpt(str(node_name)), "reasons": [denial.reason]},
+            extra={**ctx, "node": excerpt(str(node_name)), "reasons": [bypass.reason]},
         )
-        return Verdict.deny(403, denial.message)
+        return Verdict.deny(403, bypass.message)
     scheduler = spec.get("schedulerName") or "default-scheduler"
     if scheduler != settings.scheduler_name:
         other = other_scheduler(str(scheduler), settings.scheduler_name, MAX_WARNING)

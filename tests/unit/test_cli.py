@@ -251,7 +251,10 @@ def test_warnings_about_scheduler_name_and_gpu_requests(tmp_path: Path) -> None:
     res = run("validate", str(path))
     assert res.returncode == 0
     # The webhook's words (gpu_scheduling.rules), at the field's line.
-    assert "spec.template.spec.schedulerName is not set: the default scheduler will place these pods" in res.stderr
+    assert (
+        "spec.template.spec.schedulerName is not set: the default scheduler will place these pods"
+        in res.stderr
+    )
     assert "the pod template also requests nvidia.com/gpu ('main')" in res.stderr
     assert run("validate", "--strict", str(path)).returncode == 1
     res = run("validate", "--scheduler-name", "other", str(write(tmp_path, "ok.yaml", STS)))

@@ -255,7 +255,9 @@ def test_app_starts_the_node_cache_in_the_serving_process(monkeypatch: pytest.Mo
         (None, None),
     ],
 )
-def test_the_node_cache_reads_gpus_as_the_scheduler_does(status: dict[str, Any] | None, gpus: int | None) -> None:
+def test_the_node_cache_reads_gpus_as_the_scheduler_does(
+    status: dict[str, Any] | None, gpus: int | None
+) -> None:
     assert _entry({"metadata": {"name": "n"}, "status": status}) == ("n", gpus)
 
 
