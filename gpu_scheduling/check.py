@@ -35,14 +35,14 @@ from typing import Any
 
 from gpu_scheduling import logs, nvml
 from gpu_scheduling.argtypes import non_negative_float, non_negative_int
+from gpu_scheduling.injection import INJECTION_MODES, desired_env
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, parse
 
 log = logging.getLogger("gpu_scheduling.check")
 
-MODES = ("cuda", "nvidia")
+MODES = INJECTION_MODES
 _RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-PCI_BUS_ID = "PCI_BUS_ID"
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_USAGE = 2
@@ -150,13 +150,8 @@ def log_result(result: Result, level: int | None = None) -> None:
 
 
 def expected_env(entry: Entry, mode: str) -> dict[str, str]:
-    """The variables the webhook sets for ``entry`` in injection ``mode``."""
-    if mode == "nvidia":
-        return {
-            "NVIDIA_VISIBLE_DEVICES": entry.devices,
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(entry.gpus))),
-        }
-    return {"CUDA_VISIBLE_DEVICES": entry.devices, "CUDA_DEVICE_ORDER": PCI_BUS_ID}
+    """The variables the webhook sets for ``entry`` in injection ``mode`` (gpu_scheduling.injection)."""
+    return dict(desired_env(entry, "nvidia" if mode == "nvidia" else "cuda"))
 
 
 def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:

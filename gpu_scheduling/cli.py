@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -27,14 +27,13 @@ from gpu_scheduling.manifest import (
     find_maps,
     looks_like_manifest,
 )
-from gpu_scheduling.podinfo import ordinal_of
+from gpu_scheduling.rules import INVALID_MAP, Finding, replica_findings, resolve, unused_ordinals
 from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
 
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_UNREADABLE = 2
 _YAML_SUFFIXES = (".yaml", ".yml", ".json")
-_MAX_LISTED = 10_000  # missing ordinals looked at when replicas is huge
 
 
 @dataclass
@@ -106,71 +105,31 @@ class InputReport:
             "error": self.error,
             "line": self.error_line,
             "column": self.error_column,
-            "warnings": [{"file_line": n.file_line, "message": n.message} for n in self.notes],
+            "warnings": [_note(n) for n in self.notes],
             "maps": [m.to_json() for m in self.maps],
         }
 
 
-def _ranges(numbers: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    nums = sorted(set(numbers))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ", ".join(out)
+def _note(note: Note) -> dict[str, Any]:
+    return {"file_line": note.file_line, "message": note.message, "reason": note.reason}
 
 
 def _check_ordinals(report: MapReport, replicas: int | None, start: int) -> None:
+    """The ordinal rules (gpu_scheduling.rules): a Pod's own ordinal, or a StatefulSet's replicas."""
     f = report.found
     if f is None or f.kind != "Pod":
         report.replicas = replicas
     smap = report.smap
     if smap is None:
         return
+    findings: list[Finding] = []
     if f is not None and f.kind == "Pod":
-        ordinal = ordinal_of(f.name, f.pod_labels)
-        if ordinal is None:
-            report.warnings.append(
-                {
-                    "file_line": f.key_line,
-                    "message": "cannot tell this pod's ordinal: no apps.kubernetes.io/pod-index label "
-                    "and no trailing -N in its name",
-                }
-            )
-        elif ordinal not in smap:
-            report.warnings.append(
-                {"file_line": f.key_line, "message": f"the pod's ordinal {ordinal} has no entry in the map"}
-            )
-        return
-    if replicas is None:
-        return
-    wanted = range(start, start + replicas)
-    # Only look at ordinals in the map and a bounded number of missing ones (replicas may be huge).
-    missing = [o for o in wanted[:_MAX_LISTED] if o not in smap]
-    unused = [o for o in smap if o not in wanted]
+        pod = {"metadata": {"name": f.name, "labels": f.pod_labels, "annotations": {ANNOTATION: f.text}}}
+        findings = list(resolve(pod).refusals)
+    elif replicas is not None:
+        findings = replica_findings(smap, start, replicas) + unused_ordinals(smap, start, replicas)
     line = f.key_line if f else None
-    span = f"ordinals {start}-{start + replicas - 1}" if replicas else "no pods"
-    more = f" and any beyond {start + _MAX_LISTED - 1}" if replicas > _MAX_LISTED else ""
-    if missing:
-        report.warnings.append(
-            {
-                "file_line": line,
-                "message": f"replicas is {replicas} ({span}) but the map has no entry for ordinal(s) "
-                f"{_ranges(missing)}{more}: those pods cannot be placed",
-            }
-        )
-    if unused:
-        report.warnings.append(
-            {
-                "file_line": line,
-                "message": f"ordinal(s) {_ranges(unused)} are not used with replicas {replicas} ({span})",
-            }
-        )
+    report.warnings.extend({"file_line": line, "message": x.message, "reason": x.reason} for x in findings)
 
 
 def _check_text(report: MapReport, text: str) -> None:
@@ -186,6 +145,7 @@ def _check_text(report: MapReport, text: str) -> None:
                     "file_line": report.file_line(p.line) if p.line else key_line,
                     "text": p.text or None,
                     "message": p.message,
+                    "reason": INVALID_MAP,
                 }
             )
         if err.more:
@@ -196,6 +156,7 @@ def _check_text(report: MapReport, text: str) -> None:
                     "text": None,
                     "message": f"and {err.more} more problem{'' if err.more == 1 else 's'} "
                     f"(only the first {len(err.problems)} are listed)",
+                    "reason": INVALID_MAP,
                 }
             )
 
@@ -243,10 +204,16 @@ def check_input(
     out.notes = notes
     for f in found:
         report = MapReport(shown, f)
-        report.warnings = [{"file_line": n.file_line, "message": n.message} for n in f.notes]
+        report.warnings = [_note(n) for n in f.notes]
         if f.text is None:
             report.errors.append(
-                {"line": None, "file_line": f.key_line, "text": None, "message": f.value_error}
+                {
+                    "line": None,
+                    "file_line": f.key_line,
+                    "text": None,
+                    "message": f.value_error,
+                    "reason": INVALID_MAP,
+                }
             )
         else:
             _check_text(report, f.text)

@@ -12,16 +12,28 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from gpu_scheduling.resources import gpu_requesting_containers, requests_gpu
+from gpu_scheduling.rules import (
+    FOLDED_MAP,
+    MISSPELT_ANNOTATION,
+    NO_ORDINALS,
+    Finding,
+    gpu_resource_requested,
+    map_not_on_template,
+    node_name_on_pod,
+    other_scheduler,
+    pod_template_findings,
+)
 from gpu_scheduling.schedmap import ANNOTATION
 
 _STR_TAG = "tag:yaml.org,2002:str"
 _INT_TAG = "tag:yaml.org,2002:int"
 _MANIFEST_HINT = re.compile(r"^[ \t]*(?:-[ \t]+)?(?:apiVersion|kind)[ \t]*:", re.MULTILINE)
-GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_SCHEDULER_NAME = "gpu-scheduler"
 # libyaml when PyYAML was built with it: ~80x faster on a large `helm template` output.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -43,6 +55,7 @@ class Note:
 
     message: str
     file_line: int | None = None
+    reason: str = ""  # the rule's reason (gpu_scheduling.rules)
 
 
 @dataclass
@@ -150,47 +163,67 @@ def _misspelt(annotations: Node | None) -> list[Note]:
             key = str(k.value)
             bare = key.rsplit("/", 1)[-1]
             if difflib.get_close_matches(bare, [ANNOTATION], n=1, cutoff=0.8):
-                notes.append(Note(f"annotation {key!r} looks like a misspelling of {ANNOTATION!r}", _line(k)))
-    return notes
-
-
-def _pod_spec_notes(spec: Node | None, where: str, scheduler_name: str) -> list[Note]:
-    notes: list[Note] = []
-    if spec is None:
-        return notes
-    sched = _get(spec, "schedulerName")
-    value = _str(sched)
-    if value != scheduler_name:
-        line = _line(sched) if sched is not None else _line(spec)
-        shown = "not set" if value is None else repr(value)
-        notes.append(
-            Note(
-                f"{where}.schedulerName is {shown}, not {scheduler_name!r}: "
-                "the default scheduler will place these pods and ignore the map",
-                line,
-            )
-        )
-    for group in ("initContainers", "containers"):
-        containers = _get(spec, group)
-        if not isinstance(containers, SequenceNode):
-            continue
-        for c in containers.value:
-            cname = _str(_get(c, "name")) or "?"
-            for part in ("limits", "requests"):
-                res = _path(c, "resources", part)
-                if _get(res, GPU_RESOURCE) is not None:
-                    gpu_node = _get(res, GPU_RESOURCE)
-                    assert gpu_node is not None
-                    notes.append(
-                        Note(
-                            f"container {cname!r} requests {GPU_RESOURCE} in resources.{part}: the device "
-                            "plugin then chooses the GPUs and renumbers them from 0, so the map's "
-                            "indices would point at the wrong GPUs",
-                            _line(gpu_node),
-                        )
+                notes.append(
+                    Note(
+                        f"annotation {key!r} looks like a misspelling of {ANNOTATION!r}",
+                        _line(k),
+                        MISSPELT_ANNOTATION,
                     )
-                    break
+                )
     return notes
+
+
+def _plain(node: Node | None) -> Any:
+    """A YAML node as plain data (scalars stay strings; null is None), for the rules."""
+    if isinstance(node, MappingNode):
+        return {str(k.value): _plain(v) for k, v in node.value if isinstance(k, ScalarNode)}
+    if isinstance(node, SequenceNode):
+        return [_plain(v) for v in node.value]
+    if isinstance(node, ScalarNode) and node.tag != "tag:yaml.org,2002:null":
+        return str(node.value)
+    return None
+
+
+def _pod_spec_notes(spec: Node | None, where: str, scheduler_name: str, pod: bool = False) -> list[Note]:
+    """The rules' findings on a pod spec (``pod``: a Pod's own, else a template's), at their lines."""
+    if spec is None:
+        return []
+    plain = _plain(spec)
+    if not isinstance(plain, dict):
+        return []
+    findings: list[Finding] = []
+    if pod:
+        if plain.get("nodeName"):
+            findings.append(node_name_on_pod(str(plain["nodeName"]), scheduler_name))
+        scheduler = str(plain.get("schedulerName") or "default-scheduler")
+        if scheduler != scheduler_name:
+            findings.append(other_scheduler(scheduler, scheduler_name, width=1000))
+    else:
+        findings = pod_template_findings(plain, scheduler_name, where)
+    notes = [Note(f.message, _line(_at(spec, where, f.path) or spec), f.reason) for f in findings]
+    requesters = gpu_requesting_containers(plain)
+    if requesters:
+        # At the first container asking the device plugin for GPUs.
+        lines = [
+            _line(resources)
+            for group in ("initContainers", "containers")
+            for c in _items(_get(spec, group))
+            if (resources := _get(c, "resources")) is not None and requests_gpu(_plain(resources))
+        ]
+        finding = gpu_resource_requested(requesters, "this pod" if pod else "the pod template", width=1000)
+        notes.append(Note(finding.message, lines[0] if lines else _line(spec), finding.reason))
+    return notes
+
+
+def _items(node: Node | None) -> list[Node]:
+    return list(node.value) if isinstance(node, SequenceNode) else []
+
+
+def _at(spec: Node, where: str, path: str | None) -> Node | None:
+    """The node of field ``path`` (``where.schedulerName``) under the pod spec at ``where``."""
+    if not path or not path.startswith(where + "."):
+        return None
+    return _path(spec, *path[len(where) + 1 :].split("."))
 
 
 def _found(doc_no: int, doc: Node, path: str, annotations: Node | None, hit: tuple[Node, Node]) -> FoundMap:
@@ -216,6 +249,7 @@ def _found(doc_no: int, doc: Node, path: str, annotations: Node | None, hit: tup
                 f"the {ANNOTATION} annotation is a folded block ('>'), which joins its lines with "
                 "spaces: use a literal block ('|') to keep one entry per line",
                 _line(key),
+                FOLDED_MAP,
             )
         )
     return FoundMap(
@@ -251,7 +285,7 @@ def _scan(doc_no: int, doc: Node, scheduler_name: str, out: list[FoundMap], miss
             return
         found = _found(doc_no, doc, "metadata.annotations", meta_ann, hit)
         found.pod_labels = _string_map(_path(doc, "metadata", "labels"))
-        found.notes.extend(_pod_spec_notes(_get(doc, "spec"), "spec", scheduler_name))
+        found.notes.extend(_pod_spec_notes(_get(doc, "spec"), "spec", scheduler_name, pod=True))
         out.append(found)
         return
     hit = _annotation(tmpl_ann)
@@ -261,13 +295,8 @@ def _scan(doc_no: int, doc: Node, scheduler_name: str, out: list[FoundMap], miss
         if own is not None:
             # On the controller's own metadata the annotation never reaches a pod.
             found = _found(doc_no, doc, "metadata.annotations", meta_ann, own)
-            found.notes.append(
-                Note(
-                    f"the {ANNOTATION} annotation is on the {kind or 'object'}'s own metadata, where it has "
-                    "no effect: put it on spec.template.metadata.annotations",
-                    found.key_line,
-                )
-            )
+            misplaced = map_not_on_template(kind or "object")
+            found.notes.append(Note(misplaced.message, found.key_line, misplaced.reason))
             out.append(found)
         return
     found = _found(doc_no, doc, "spec.template.metadata.annotations", tmpl_ann, hit)
@@ -280,6 +309,7 @@ def _scan(doc_no: int, doc: Node, scheduler_name: str, out: list[FoundMap], miss
                 f"only StatefulSet pods have ordinals; the pods of a {kind or 'object'} do not "
                 "get the map's placement",
                 found.key_line,
+                NO_ORDINALS,
             )
         )
     found.notes.extend(

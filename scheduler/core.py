@@ -25,10 +25,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.podinfo import POD_INDEX_LABEL
-from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, gpu_requesting_containers
+from gpu_scheduling.rules import NOT_INJECTED, Decision, evaluate, gpus_in_use, node_signature
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import BindOutcome, PodWriter, truncate_message
-from scheduler.checks import GPU_IN_USE, NOT_INJECTED, Decision, Refusal, evaluate, node_signature
 from scheduler.events import EventRecorder
 from scheduler.kube import error_message
 from scheduler.leader import LeaderElector
@@ -43,8 +42,6 @@ log = logging.getLogger("gpu_scheduler")
 
 FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
-# Warning on a bound pod that also requests nvidia.com/gpu (the device-plugin renumbering pitfall).
-GPU_RESOURCE_REQUESTED = "GPUResourceRequested"
 
 
 def is_pending(pod: Mapping[str, Any]) -> bool:
@@ -257,11 +254,7 @@ class Scheduler:
         claim = Claim.of(entry.node, entry.gpus)
         conflicts = self.ledger.reserve(pod, claim)
         if conflicts:  # another worker took a GPU since the check
-            refusals = tuple(
-                Refusal(GPU_IN_USE, f"GPU {entry.node}:{gpu} is held by pod {holder}")
-                for gpu, holder in conflicts
-            )
-            self._refuse(pod, Decision(decision.ordinal, entry, refusals))
+            self._refuse(pod, Decision(decision.ordinal, entry, tuple(gpus_in_use(entry, conflicts))))
             return
         if not self.is_leader():
             self.ledger.cancel(pod)
@@ -315,14 +308,10 @@ class Scheduler:
                 SCHEDULED,
                 f"Successfully assigned {key} to {entry.node} with GPUs {entry.devices} (replica {entry.ordinal})",
             )
-            requesters = gpu_requesting_containers(pod.get("spec"))
-            if requesters:
-                # The webhook warned at admission (or denied); say it again where `kubectl describe` shows it.
-                self.events.warning(
-                    pod,
-                    GPU_RESOURCE_REQUESTED,
-                    f"containers {', '.join(requesters)} also request {GPU_RESOURCE}: {PITFALL_ADVICE}",
-                )
+            # E.g. GPUResourceRequested: the webhook warned at admission; say it again
+            # where `kubectl describe` shows it.
+            for warning in decision.warnings:
+                self.events.warning(pod, warning.reason, warning.message)
         log.info(
             "already bound" if already else "bound",
             extra={
@@ -363,12 +352,7 @@ class Scheduler:
             note = (
                 f"{NOT_INJECTED}: {decision.message}; not bound ({why}): delete it to have it created again"
             )
-            self.events.warning(pod, NOT_INJECTED, note)
-            if first:
-                log.warning(
-                    "pod admitted without its GPU variables, not bound", extra={"pod": key, "detail": note}
-                )
-                self._set_condition(pod, note)
+            self._report_not_injected(pod, note, first)
             return  # nothing can change a container spec: no retry
         assert owner is not None and slot is not None
         what = f"{owner.get('kind')} {owner.get('name')}"
@@ -378,12 +362,7 @@ class Scheduler:
                 f"{NOT_INJECTED}: {decision.message}; not bound: it will be deleted so that {what} "
                 f"recreates it through the webhook (attempt {attempt}, after {due - now:.0f}s backoff)"
             )
-            self.events.warning(pod, NOT_INJECTED, note)
-            if first:
-                log.warning(
-                    "pod admitted without its GPU variables, not bound", extra={"pod": key, "detail": note}
-                )
-                self._set_condition(pod, note)
+            self._report_not_injected(pod, note, first)
             self.queue.add_after(key, due - now)
             return
         try:
@@ -408,6 +387,16 @@ class Scheduler:
                 f"{NOT_INJECTED}: {decision.message}; deleted it so that {what} recreates it "
                 f"through the webhook (attempt {attempt})",
             )
+
+    def _report_not_injected(self, pod: Mapping[str, Any], note: str, first: bool) -> None:
+        """The NotInjected Event every time; the log line and the pod's condition the first time."""
+        self.events.warning(pod, NOT_INJECTED, note)
+        if first:
+            log.warning(
+                "pod admitted without its GPU variables, not bound",
+                extra={"pod": pod_key(pod), "detail": note},
+            )
+            self._set_condition(pod, note)
 
     def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:
         key, uid = pod_key(pod), _uid(pod)

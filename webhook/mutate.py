@@ -1,7 +1,8 @@
 """``POST /mutate``: give every container of a mapped pod the GPUs its map entry names.
 
-The pod's entry comes from :func:`gpu_scheduling.podinfo.entry_for` (the one map
-grammar); this module only turns it into a JSONPatch. The patch is computed
+The pod's entry, and every rule about it, comes from :mod:`gpu_scheduling.rules`
+(the scheduler's own :func:`~gpu_scheduling.rules.resolve`); this module turns
+the entry into a JSONPatch and the findings into a denial or warnings. The patch is computed
 from what the pod already holds, so a second call on a mutated pod yields no
 patch (safe with ``reinvocationPolicy: IfNeeded``).
 """
@@ -12,8 +13,9 @@ import logging
 from typing import Any
 
 from gpu_scheduling.injection import desired_env
-from gpu_scheduling.podinfo import entry_for, map_text
-from gpu_scheduling.schedmap import ANNOTATION, MapError, excerpt
+from gpu_scheduling.podinfo import map_text
+from gpu_scheduling.rules import INVALID_MAP, Finding, node_name_on_pod, other_scheduler, resolve
+from gpu_scheduling.schedmap import ANNOTATION, excerpt
 from webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from webhook.settings import Settings
@@ -61,15 +63,6 @@ def env_patch(spec: dict[str, Any], desired: list[tuple[str, str]], uid: str) ->
     return ops
 
 
-def other_scheduler_warning(scheduler: str, ours: str) -> str:
-    """Why a mapped pod of another scheduler gets no GPU variables (within MAX_WARNING characters)."""
-    return (
-        f"spec.schedulerName is {excerpt(scheduler, 40)!r}, not {excerpt(ours, 40)!r}: {ANNOTATION} ignored, "
-        "no GPU variables set (the map's GPU indices would be used on whatever node that scheduler "
-        f"picks); set spec.schedulerName: {excerpt(ours, 40)}"
-    )[:MAX_WARNING]
-
-
 def admit_pod(req: Request, settings: Settings) -> Verdict:
     """Decide on a Pod CREATE: patch, allow unchanged with a warning, or deny.
 
@@ -97,55 +90,53 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
 
     node_name = spec.get("nodeName")
     if node_name:
-        log.info("denied: spec.nodeName set on a mapped pod", extra={**ctx, "node": excerpt(str(node_name))})
-        return Verdict.deny(
-            403,
-            f"spec.nodeName is set ({excerpt(str(node_name))!r}) on a pod carrying {ANNOTATION}: such a pod "
-            f"bypasses the scheduler, so its GPUs could be given twice; {settings.scheduler_name} binds it to "
-            "the node its map names. Remove spec.nodeName",
+        bypass = node_name_on_pod(str(node_name), settings.scheduler_name)
+        log.info(
+            "denied: spec.nodeName set on a mapped pod",
+            extra={**ctx, "node": excerpt(str(node_name)), "reasons": [bypass.reason]},
         )
+        return Verdict.deny(403, bypass.message)
     scheduler = spec.get("schedulerName") or "default-scheduler"
     if scheduler != settings.scheduler_name:
+        other = other_scheduler(str(scheduler), settings.scheduler_name, MAX_WARNING)
         log.info(
             "another scheduler, allowed unchanged",
-            extra={**ctx, "scheduler_name": excerpt(str(scheduler))},
+            extra={**ctx, "scheduler_name": excerpt(str(scheduler)), "reasons": [other.reason]},
         )
-        return Verdict(
-            allowed=True, warnings=[other_scheduler_warning(str(scheduler), settings.scheduler_name)]
-        )
+        return Verdict(allowed=True, warnings=[other.message])
 
-    try:
-        ordinal, entry = entry_for({"name": name, "labels": labels, "annotations": annotations}, name=name)
-    except MapError as exc:
-        message = f"invalid {ANNOTATION} annotation: {exc}"
-        log.info("denied: malformed map", extra={**ctx, "error": str(exc)})
-        return Verdict.deny(400, message)
+    decision = resolve({"metadata": {"name": name, "labels": labels, "annotations": annotations}})
+    if decision.reason == INVALID_MAP:
+        log.info("denied: malformed map", extra={**ctx, "error": decision.message, "reasons": [INVALID_MAP]})
+        return Verdict.deny(400, decision.message)
 
-    warnings: list[str] = []
-    denial, warning = gpu_resource_policy(
+    denial, findings = gpu_resource_policy(
         spec, "spec", req.uid, settings.gpu_resource_policy, "this pod", log, ctx
     )
     if denial:
         return denial
-    if warning:
-        warnings.append(warning)
-
-    if ordinal is None:
-        warnings.append(
-            f"{ANNOTATION}: cannot tell pod {name or '(no name yet)'!r}'s ordinal (no "
-            "apps.kubernetes.io/pod-index label, no trailing -N in its name); no GPU variables set"
-        )
-        log.info("no ordinal, allowed unchanged", extra=ctx)
-        return Verdict(allowed=True, warnings=warnings)
+    entry = decision.entry
     if entry is None:
-        warnings.append(f"{ANNOTATION} has no entry for ordinal {ordinal}; no GPU variables set")
-        log.info("no map entry for ordinal, allowed unchanged", extra={**ctx, "ordinal": ordinal})
+        # NoOrdinal, OrdinalNotInMap: the pod is let in, the scheduler will say the same.
+        findings += [Finding(r.reason, f"{r.message}; no GPU variables set") for r in decision.refusals]
+        warnings = [f.message[:MAX_WARNING] for f in findings]
+        log.info(
+            "no map entry for the pod, allowed unchanged",
+            extra={**ctx, "ordinal": decision.ordinal, "reasons": [f.reason for f in findings]},
+        )
         return Verdict(allowed=True, warnings=warnings)
 
     desired = desired_env(entry, settings.injection_mode)
     patch = env_patch(spec, desired, req.uid)
     log.info(
         "patched" if patch else "already carries its GPU variables, no patch",
-        extra={**ctx, "ordinal": ordinal, "entry": str(entry), "env": dict(desired), "ops": len(patch)},
+        extra={
+            **ctx,
+            "ordinal": decision.ordinal,
+            "entry": str(entry),
+            "env": dict(desired),
+            "ops": len(patch),
+            "reasons": [f.reason for f in findings],
+        },
     )
-    return Verdict(allowed=True, patch=patch, warnings=warnings)
+    return Verdict(allowed=True, patch=patch, warnings=[f.message for f in findings])

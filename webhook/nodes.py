@@ -3,7 +3,7 @@
 :class:`NodeCache` lists the nodes once, then watches them from the list's
 resourceVersion (relisting on ``410 Gone``, retrying with a capped backoff), in
 a daemon thread of the worker process. It keeps only what the warnings need: a
-node's name and its ``nvidia.com/gpu`` count. A look-up reads memory and never
+node's name and its GPU count (:func:`gpu_scheduling.resources.node_gpus`, as the scheduler reads it). A look-up reads memory and never
 waits on the API: until the first list has arrived, or when the webhook has no
 API access, :class:`NodeLookupUnavailable` is raised and the caller skips the
 node warnings. Nothing here may make an admission fail.
@@ -26,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpu_scheduling.resources import GPU_RESOURCE, node_gpus, quantity_int
+from gpu_scheduling.resources import node_gpus
 
 log = logging.getLogger("webhook.nodes")
 
@@ -43,7 +43,7 @@ BACKOFF_MAX_S = 30.0
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    # nvidia.com/gpu the node reports (allocatable, else capacity); None when it reports none.
+    # GPUs the node reports (resources.node_gpus: allocatable, else capacity); None when it reports none.
     gpus: int | None
 
 
@@ -55,11 +55,6 @@ class NodeLookup(Protocol):
     def get(self, name: str) -> NodeInfo | None:
         """The node, ``None`` when it does not exist; raises NodeLookupUnavailable. Must not block."""
         ...
-
-
-def gpus_of(allocatable: dict[str, Any] | None) -> int | None:
-    """``nvidia.com/gpu`` from a node's allocatable map, as an integer."""
-    return quantity_int((allocatable or {}).get(GPU_RESOURCE))
 
 
 class _Relist(Exception):

@@ -158,11 +158,18 @@ def test_nvidia_mode() -> None:
         injection_mode="nvidia",
         nvidia_visible_devices="1,3",
         cuda_visible_devices="0,1",
-        cuda_device_order=None,
+        cuda_device_order="PCI_BUS_ID",
     )
     results, _ = map_results(s)
-    assert [r.check for r in results][-2:] == ["env:NVIDIA_VISIBLE_DEVICES", "env:CUDA_VISIBLE_DEVICES"]
+    assert [r.check for r in results][-3:] == [
+        "env:NVIDIA_VISIBLE_DEVICES",
+        "env:CUDA_VISIBLE_DEVICES",
+        "env:CUDA_DEVICE_ORDER",
+    ]
     assert passed(results)
+    # What the webhook writes and the scheduler requires (gpu_scheduling.injection): the order too.
+    unordered = map_results(Settings(**{**s.__dict__, "cuda_device_order": None}))[0]
+    assert by_check(unordered)["env:CUDA_DEVICE_ORDER"].ok is False
     # Physical indices in CUDA_VISIBLE_DEVICES are wrong in nvidia mode.
     bad = map_results(Settings(**{**s.__dict__, "cuda_visible_devices": "1,3"}))[0]
     r = by_check(bad)["env:CUDA_VISIBLE_DEVICES"]
@@ -174,7 +181,11 @@ def test_nvidia_mode() -> None:
 def test_expected_env() -> None:
     e = Entry(0, "n", (4, 2, 7))
     assert expected_env(e, "cuda") == {"CUDA_VISIBLE_DEVICES": "4,2,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    assert expected_env(e, "nvidia") == {"NVIDIA_VISIBLE_DEVICES": "4,2,7", "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    assert expected_env(e, "nvidia") == {
+        "NVIDIA_VISIBLE_DEVICES": "4,2,7",
+        "CUDA_VISIBLE_DEVICES": "0,1,2",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
     results = env_results(e, "cuda", {"CUDA_VISIBLE_DEVICES": "4,2,7"}, "ns/p")
     assert [(r.check, r.ok) for r in results] == [
         ("env:CUDA_VISIBLE_DEVICES", True),
@@ -472,10 +483,13 @@ def test_release_old_revision_map() -> None:
     assert ("ns/w-1", "env:CUDA_VISIBLE_DEVICES") in failed
 
 
+ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 def test_release_nvidia_mode_detected_per_container() -> None:
     pods = [
-        pod("w-0", "node1", {"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"}),
-        pod("w-1", "node2", {"NVIDIA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0"}),
+        pod("w-0", "node1", {"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "0,1", **ORDER}),
+        pod("w-1", "node2", {"NVIDIA_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "0", **ORDER}),
     ]
     results, _ = evaluate_release(pods, {"w": sts("w", MAP)}, "ns")
     assert passed(results)

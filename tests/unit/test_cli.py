@@ -217,7 +217,7 @@ def test_list_from_kubectl(tmp_path: Path) -> None:
 def test_replicas_option_and_spec_replicas_warn(tmp_path: Path) -> None:
     res = run("validate", "--replicas", "4", stdin="0=a:0\n1=b:0\n")
     assert res.returncode == 0
-    assert "no entry for ordinal(s) 2-3" in res.stderr
+    assert "no entry for ordinal 2, 3 (2 of 4 replicas)" in res.stderr
     res = run("validate", "--replicas", "1", stdin="0=a:0\n1=b:0\n")
     assert "ordinal(s) 1 are not used with replicas 1" in res.stderr
     assert run("validate", "--strict", "--replicas", "4", stdin="0=a:0\n").returncode == 1
@@ -225,8 +225,10 @@ def test_replicas_option_and_spec_replicas_warn(tmp_path: Path) -> None:
     path = write(tmp_path, "sts.yaml", STS.replace("replicas: 3", "replicas: 5"))
     res = run("validate", str(path))
     assert res.returncode == 0
-    assert f"{path}:12: warning: StatefulSet default/w: replicas is 5 (ordinals 0-4)" in res.stderr
-    assert "ordinal(s) 3-4" in res.stderr
+    assert (
+        f"{path}:12: warning: StatefulSet default/w: gpu-scheduling-map has no entry for ordinal 3, 4 "
+        "(2 of 5 replicas)" in res.stderr
+    )
     assert run("validate", "--strict", str(path)).returncode == 1
     # --replicas overrides spec.replicas.
     assert run("validate", "--replicas", "3", "--strict", str(path)).returncode == 0
@@ -248,11 +250,15 @@ def test_warnings_about_scheduler_name_and_gpu_requests(tmp_path: Path) -> None:
     path = write(tmp_path, "sts.yaml", text)
     res = run("validate", str(path))
     assert res.returncode == 0
-    assert "schedulerName is not set, not 'gpu-scheduler'" in res.stderr
-    assert "requests nvidia.com/gpu in resources.limits" in res.stderr
+    # The webhook's words (gpu_scheduling.rules), at the field's line.
+    assert (
+        "spec.template.spec.schedulerName is not set: the default scheduler will place these pods"
+        in res.stderr
+    )
+    assert "the pod template also requests nvidia.com/gpu ('main')" in res.stderr
     assert run("validate", "--strict", str(path)).returncode == 1
     res = run("validate", "--scheduler-name", "other", str(write(tmp_path, "ok.yaml", STS)))
-    assert "spec.template.spec.schedulerName is 'gpu-scheduler', not 'other'" in res.stderr
+    assert "spec.template.spec.schedulerName is 'gpu-scheduler', not the GPU scheduler (other)" in res.stderr
 
 
 def test_annotation_in_wrong_place_and_misspelt(tmp_path: Path) -> None:
@@ -417,7 +423,8 @@ def test_input_detection(name: str, text: str, kind: str) -> None:
 
 def test_huge_replicas_do_not_hang() -> None:
     report = check_input("-", "0=a:0", replicas=1_000_000_000).maps[0]
-    assert report.warnings and "1-9999" in report.warnings[0]["message"]
+    assert report.warnings and "ordinal 1, 2, 3, 4, 5 and 999999994 more" in report.warnings[0]["message"]
+    assert report.warnings[0]["reason"] == "OrdinalNotInMap"
 
 
 def test_empty_input_exits_2() -> None:

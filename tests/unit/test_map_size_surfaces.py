@@ -194,6 +194,7 @@ def test_cli_lists_the_first_problems_and_counts_the_rest(tmp_path: Path) -> Non
         "file_line": None,
         "text": None,
         "message": "and 15 more problems (only the first 10 are listed)",
+        "reason": "InvalidSchedulingMap",
     }
 
 

@@ -252,7 +252,10 @@ def test_malformed_map_is_denied_with_line_numbers() -> None:
 def test_no_entry_for_the_ordinal_allows_unchanged_with_a_warning() -> None:
     response, out = mutated(client(), pod("w-7"))
     assert out == pod("w-7")
-    assert response["warnings"] == ["gpu-scheduling-map has no entry for ordinal 7; no GPU variables set"]
+    # The scheduler's OrdinalNotInMap message (gpu_scheduling.rules), plus what the webhook did.
+    assert response["warnings"] == [
+        "annotation gpu-scheduling-map has no entry for replica 7; no GPU variables set"
+    ]
 
 
 def test_pod_without_an_ordinal_is_allowed_with_a_warning() -> None:

@@ -42,7 +42,7 @@ REVIEW = {
         "namespace": "team",
         "object": {
             "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
-            "spec": {"containers": [{"name": "main"}]},
+            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
         },
     },
 }

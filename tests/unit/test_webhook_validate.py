@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from webhook.app import create_app
-from webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, gpus_of
+from webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, _entry
 from webhook.settings import Settings
 
 MAP = "0=node1:0,1\n1=node2:2\n"
@@ -118,7 +118,8 @@ def test_replicas_without_an_entry_are_warned_about() -> None:
     response = validate(statefulset(replicas=4))
     assert response["allowed"] is True
     assert response["warnings"] == [
-        "gpu-scheduling-map has no entry for ordinal 2, 3 (2 of 4 replicas): those pods get no GPU variables from the map"
+        "gpu-scheduling-map has no entry for ordinal 2, 3 (2 of 4 replicas): "
+        "those pods get no GPU variables and cannot be placed"
     ]
 
 
@@ -245,10 +246,19 @@ def test_app_starts_the_node_cache_in_the_serving_process(monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize(
-    ("allocatable", "gpus"), [({"nvidia.com/gpu": "8"}, 8), ({"cpu": "4"}, None), (None, None)]
+    ("status", "gpus"),
+    [
+        ({"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "9"}}, 8),
+        # As the scheduler reads it: capacity when allocatable does not say (was allocatable only).
+        ({"capacity": {"nvidia.com/gpu": "2"}}, 2),
+        ({"allocatable": {"cpu": "4"}}, None),
+        (None, None),
+    ],
 )
-def test_gpus_of_reads_allocatable(allocatable: dict[str, str] | None, gpus: int | None) -> None:
-    assert gpus_of(allocatable) == gpus
+def test_the_node_cache_reads_gpus_as_the_scheduler_does(
+    status: dict[str, Any] | None, gpus: int | None
+) -> None:
+    assert _entry({"metadata": {"name": "n"}, "status": status}) == ("n", gpus)
 
 
 def test_gpu_resource_in_the_template_warns_or_denies() -> None:

@@ -1,0 +1,286 @@
+"""One table of placement-rule cases, run through every front end: the same verdict from each.
+
+Each case is a StatefulSet (its pod template), the nodes, the GPUs other pods
+hold, and the replica looked at. It goes through
+
+* the scheduler's decision (``gpu_scheduling.rules.evaluate`` with the real
+  ``Ledger``, for the pod the StatefulSet would create; the scheduler never
+  sees a pod of another scheduler or one with ``spec.nodeName``: ``is_pending``
+  and its field selector),
+* the webhook: ``POST /mutate`` with that pod and ``POST /validate`` with the
+  StatefulSet, through ``create_app`` with a NodeLookup built from the same
+  nodes the way the node cache builds it,
+* the CLI: ``gpu-scheduler-map validate --format json`` on a file holding the
+  StatefulSet and the pod (the CLI does not read nodes: ``RULES`` says which
+  rules it does not evaluate).
+
+The expected verdict comes from ``gpu_scheduling.rules.RULES``: each front end
+reports the case's reason with the severity the rule declares for it (REFUSE:
+the pod waits / a denial / an error; WARN: a warning Event / an admission
+warning / a CLI warning), or nothing where the rule is not one it evaluates.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_scheduling import cli
+from gpu_scheduling import rules as R
+from gpu_scheduling.injection import desired_env
+from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
+from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
+from gpu_scheduling.schedmap import ANNOTATION, MapError
+from scheduler.core import is_pending
+from scheduler.ledger import Claim, Ledger
+from webhook.app import create_app
+from webhook.nodes import NodeInfo
+from webhook.settings import Settings
+
+OURS = "gpu-scheduler"
+MAP = "0=node1:0,1\n1=node2:2\n"
+OK = "ok"
+
+
+def node(name: str, gpus: str | None = "4", **spec: Any) -> dict[str, Any]:
+    ready = spec.pop("ready", "True")
+    status: dict[str, Any] = {"allocatable": {"cpu": "8"}, "conditions": [{"type": "Ready", "status": ready}]}
+    if gpus is not None:
+        status["allocatable"][GPU_RESOURCE] = gpus
+    return {"metadata": {"name": name}, "spec": spec, "status": status}
+
+
+NODES = {"node1": node("node1"), "node2": node("node2")}
+
+
+@dataclass
+class Case:
+    id: str
+    reason: str  # OK: no rule fires
+    map_text: str | None = MAP
+    replicas: int = 2
+    ordinal: int = 0
+    pod_name: str | None = None  # default w-<ordinal>, with the pod-index label
+    spec: dict[str, Any] = field(default_factory=dict)  # merged into the template's pod spec
+    container: dict[str, Any] = field(default_factory=dict)  # merged into its container
+    nodes: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(NODES))
+    holders: list[tuple[str, int]] = field(default_factory=list)  # (node, gpu) held by another pod
+    injected: bool = True
+    map_on_statefulset: bool = False
+    # A front end whose verdict is another rule's (the case's object is what that front end sees).
+    other: dict[str, str] = field(default_factory=dict)
+
+
+CASES = [
+    Case("placeable", OK),
+    Case("zero-gpu-request-is-no-request", OK, container={"resources": {"limits": {GPU_RESOURCE: "0"}}}),
+    Case("no-map", R.NO_MAP, map_text=None),
+    Case("malformed-map", R.INVALID_MAP, map_text="0=node1:x\n"),
+    Case("no-ordinal", R.NO_ORDINAL, pod_name="solo"),
+    Case("replica-without-entry", R.ORDINAL_NOT_MAPPED, replicas=3, ordinal=2),
+    Case("node-missing", R.NODE_NOT_FOUND, nodes={"node2": NODES["node2"]}),
+    Case("node-cordoned", R.NODE_UNSCHEDULABLE, nodes={**NODES, "node1": node("node1", unschedulable=True)}),
+    Case("node-not-ready", R.NODE_NOT_READY, nodes={**NODES, "node1": node("node1", ready="False")}),
+    Case(
+        "taint",
+        R.TAINT_NOT_TOLERATED,
+        nodes={**NODES, "node1": node("node1", taints=[{"key": "k", "effect": "NoSchedule"}])},
+    ),
+    Case("node-without-gpus", R.NO_GPU_RESOURCE, nodes={**NODES, "node1": node("node1", gpus=None)}),
+    Case("gpu-index-beyond-node", R.GPU_OUT_OF_RANGE, nodes={**NODES, "node1": node("node1", gpus="1")}),
+    Case("gpu-held", R.GPU_IN_USE, holders=[("node1", 1)]),
+    Case("admitted-without-injection", R.NOT_INJECTED, injected=False),
+    Case(
+        "device-plugin-gpus",
+        R.GPU_RESOURCE_REQUESTED,
+        container={"resources": {"limits": {GPU_RESOURCE: "1"}}},
+    ),
+    Case("default-scheduler", R.SCHEDULER_NAME_MISMATCH, spec={"schedulerName": "default-scheduler"}),
+    Case("other-scheduler", R.SCHEDULER_NAME_MISMATCH, spec={"schedulerName": "volcano"}),
+    Case("node-name", R.NODE_NAME_SET, spec={"nodeName": "node1"}),
+    Case("unused-entry", R.ORDINAL_UNUSED, map_text=MAP + "7=node2:3\n"),
+    # The pods of such a StatefulSet carry no map: the scheduler and /mutate see a pod without one.
+    Case("map-on-statefulset", R.MAP_NOT_ON_TEMPLATE, map_on_statefulset=True, other={R.SCHEDULER: R.NO_MAP}),
+]
+
+
+# -- the objects -------------------------------------------------------------------------------
+
+
+def statefulset(case: Case) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "busybox", **case.container}
+    pod_spec: dict[str, Any] = {"schedulerName": OURS, "containers": [container], **case.spec}
+    annotations = {ANNOTATION: case.map_text} if case.map_text is not None else {}
+    meta: dict[str, Any] = {"name": "w", "namespace": "team"}
+    template_meta: dict[str, Any] = {"labels": {"app": "w"}}
+    if case.map_on_statefulset:
+        meta["annotations"] = annotations
+    else:
+        template_meta["annotations"] = annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": case.replicas,
+            "serviceName": "w",
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def pod_of(case: Case) -> dict[str, Any]:
+    """The pod the StatefulSet controller creates for ``case.ordinal`` (before admission)."""
+    template = copy.deepcopy(statefulset(case)["spec"]["template"])
+    meta = template["metadata"]
+    labels = dict(meta.get("labels") or {})
+    if case.pod_name is None:
+        labels[POD_INDEX_LABEL] = str(case.ordinal)
+    meta.update(
+        name=case.pod_name or f"w-{case.ordinal}", namespace="team", uid=f"uid-{case.id}", labels=labels
+    )
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"], "status": {}}
+
+
+def admitted(pod: dict[str, Any], injected: bool) -> dict[str, Any]:
+    """The pod as stored: with the webhook's variables when ``injected`` and it has an entry."""
+    pod = copy.deepcopy(pod)
+    pod["status"] = {"phase": "Pending"}
+    try:
+        _, entry = entry_for(pod["metadata"])
+    except MapError:
+        entry = None
+    if injected and entry is not None:
+        for c in pod["spec"]["containers"]:
+            c["env"] = [{"name": n, "value": v} for n, v in desired_env(entry, "cuda")]
+    return pod
+
+
+# -- the front ends: each returns (severity, reasons) -----------------------------------------
+
+Verdict = tuple[str, set[str]]
+
+
+def scheduler_verdict(case: Case) -> Verdict:
+    pod = admitted(pod_of(case), case.injected)
+    if pod["spec"].get("schedulerName") != OURS or not is_pending(pod):
+        return OK, set()  # never queued: its field selector / bound already
+    ledger = Ledger()
+    for n, (node_name, gpu) in enumerate(case.holders):
+        holder = {"metadata": {"name": f"h-{n}", "namespace": "team", "uid": f"h-{n}"}, "spec": {}}
+        assert ledger.reserve(holder, Claim.of(node_name, [gpu])) == []
+    decision = R.evaluate(pod, case.nodes, ledger)
+    if decision.refusals:
+        return R.REFUSE, {r.reason for r in decision.refusals}
+    if decision.warnings:
+        return R.WARN, {w.reason for w in decision.warnings}
+    return OK, set()
+
+
+class Nodes:
+    """The NodeLookup seam, from the case's node objects as the node cache reads them."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]):
+        self.nodes = nodes
+
+    def get(self, name: str) -> NodeInfo | None:
+        obj = self.nodes.get(name)
+        return None if obj is None else NodeInfo(name, node_gpus(obj.get("status")))
+
+
+def webhook_verdict(case: Case, path: str, caplog: pytest.LogCaptureFixture) -> Verdict:
+    obj = pod_of(case) if path == "/mutate" else statefulset(case)
+    kind = (
+        {"group": "", "version": "v1", "kind": "Pod"}
+        if path == "/mutate"
+        else {"group": "apps", "version": "v1", "kind": "StatefulSet"}
+    )
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "kind": kind,
+            "operation": "CREATE",
+            "name": obj["metadata"]["name"],
+            "namespace": "team",
+            "object": obj,
+        },
+    }
+    app = create_app(Settings(scheduler_name=OURS), node_lookup=Nodes(case.nodes))
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="webhook"):
+        resp = app.test_client().post(path, json=body)
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    answer = resp.get_json()["response"]
+    logged = [set(r.reasons) for r in caplog.records if hasattr(r, "reasons")]
+    reasons = logged[-1] if logged else set()
+    if not answer["allowed"]:
+        return R.REFUSE, reasons
+    assert len(answer.get("warnings") or []) == len(reasons), (answer, reasons)
+    return (R.WARN if reasons else OK), reasons
+
+
+def cli_verdict(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Verdict:
+    manifest = tmp_path / f"{case.id}.yaml"
+    manifest.write_text(yaml.safe_dump_all([statefulset(case), pod_of(case)], sort_keys=False))
+    capsys.readouterr()
+    code = cli.main(["validate", "--format", "json", "--scheduler-name", OURS, str(manifest)])
+    report = json.loads(capsys.readouterr().out)
+    maps = [m for i in report["inputs"] for m in i["maps"]]
+    errors = {e["reason"] for m in maps for e in m["errors"]}
+    warnings = {w["reason"] for m in maps for w in m["warnings"]}
+    if errors:
+        assert code == cli.EXIT_INVALID
+        return R.REFUSE, errors
+    assert code == cli.EXIT_OK
+    return (R.WARN if warnings else OK), warnings
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+def expected(case: Case, front_end: str) -> Verdict:
+    reason = case.other.get(front_end, case.reason)
+    severity = R.RULES[reason].severity.get(front_end) if reason != OK else None
+    return (severity, {reason}) if severity else (OK, set())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_front_end_gives_the_rules_verdict(
+    case: Case, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got = {
+        R.SCHEDULER: scheduler_verdict(case),
+        R.MUTATE: webhook_verdict(case, "/mutate", caplog),
+        R.VALIDATE: webhook_verdict(case, "/validate", caplog),
+        R.LINT: cli_verdict(case, tmp_path, capsys),
+    }
+    want = {f: expected(case, f) for f in R.FRONT_ENDS}
+    assert got == want
+
+
+def test_the_table_covers_every_rule() -> None:
+    covered = {c.reason for c in CASES} | {r for c in CASES for r in c.other.values()}
+    left = set(R.RULES) - covered - {R.MISSPELT_ANNOTATION, R.FOLDED_MAP, R.NO_ORDINALS}  # YAML-only lints
+    assert not left, f"rules without a case in the table: {sorted(left)}"
+    # Every front end evaluates at least one rule, and every rule says what unblocks it.
+    for front_end in R.FRONT_ENDS:
+        assert any(front_end in r.severity for r in R.RULES.values()), front_end
+    for rule in R.RULES.values():
+        assert set(rule.severity) <= set(R.FRONT_ENDS), rule
+        assert set(rule.severity.values()) <= {R.REFUSE, R.WARN}, rule
+        assert rule.unblocked_by <= {R.ON_NODE, R.ON_GPU_HOLDER, R.ON_POD}, rule
+
+
+def test_scheduler_refusals_are_the_metrics_reasons() -> None:
+    refusing = {r.reason for r in R.RULES.values() if r.severity.get(R.SCHEDULER) == R.REFUSE}
+    assert refusing == set(R.ALL_REASONS)
