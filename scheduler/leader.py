@@ -35,7 +35,9 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.kube import discard, error_message, micro_datetime, parse_time, read_json
+from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
+from gpu_scheduling.objects import Meta
+from scheduler.kube import discard, micro_datetime, parse_time
 
 log = logging.getLogger("gpu_scheduler.leader")
 
@@ -67,15 +69,16 @@ class LeaseRecord:
 
     @classmethod
     def from_object(cls, lease: Mapping[str, Any]) -> LeaseRecord:
-        spec = lease.get("spec") or {}
+        view = Meta(lease)
+        spec = view.spec
         return cls(
             holder=spec.get("holderIdentity") or "",
             duration=float(spec.get("leaseDurationSeconds") or 0),
             acquire_time=spec.get("acquireTime"),
             renew_time=spec.get("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=(lease.get("metadata") or {}).get("resourceVersion") or "",
-            uid=(lease.get("metadata") or {}).get("uid") or "",
+            resource_version=view.resource_version or "",
+            uid=view.uid,
         )
 
 
@@ -318,7 +321,7 @@ class LeaderElector:
                 self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
             )
         except ApiException as err:
-            if err.status == 404:
+            if api_error(err) is ApiError.NOT_FOUND:
                 return None
             raise
         return LeaseRecord.from_object(read_json(resp))
@@ -398,7 +401,7 @@ class LeaderElector:
                     _request_timeout=self._timeout,
                 )
             except ApiException as err:
-                if err.status == 409:  # someone created it first
+                if api_error(err) is ApiError.CONFLICT:  # someone created it first
                     return False
                 raise
             self.observe(LeaseRecord.from_object(read_json(resp)))
@@ -415,7 +418,7 @@ class LeaderElector:
                 _request_timeout=self._timeout,
             )
         except ApiException as err:
-            if err.status == 409:  # another candidate wrote first
+            if api_error(err) is ApiError.CONFLICT:  # another candidate wrote first
                 return False
             raise
         self.observe(LeaseRecord.from_object(read_json(resp)))
