@@ -182,6 +182,28 @@ def tables() -> dict[str, str]:
     }
 
 
-if __name__ == "__main__":
+def write_doc(path: str) -> None:
+    """Replace each ``<!-- settings: NAME -->`` section of ``path`` with the generated table."""
+    import re
+    from pathlib import Path
+
+    doc = Path(path)
+    text = doc.read_text()
     for heading, table in tables().items():
-        print(f"## {heading}\n\n{table}\n")
+        text = re.sub(
+            rf"(<!-- settings: {re.escape(heading)} -->\n).*?(<!-- /settings -->)",
+            lambda m, t=table: f"{m[1]}{t}\n{m[2]}",
+            text,
+            flags=re.S,
+        )
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        write_doc("docs/dev-interfaces.md")
+    else:
+        for heading, table in tables().items():
+            print(f"## {heading}\n\n{table}\n")
