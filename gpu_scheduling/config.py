@@ -184,18 +184,16 @@ def tables() -> dict[str, str]:
 
 def write_doc(path: str) -> None:
     """Replace each ``<!-- settings: NAME -->`` section of ``path`` with the generated table."""
-    import re
     from pathlib import Path
 
     doc = Path(path)
     text = doc.read_text()
     for heading, table in tables().items():
-        text = re.sub(
-            rf"(<!-- settings: {re.escape(heading)} -->\n).*?(<!-- /settings -->)",
-            lambda m, t=table: f"{m[1]}{t}\n{m[2]}",
-            text,
-            flags=re.S,
-        )
+        start = f"<!-- settings: {heading} -->\n"
+        head, sep, rest = text.partition(start)
+        if not sep:
+            raise KeyError(f"{path} has no section {start.strip()}")
+        text = head + start + table + "\n" + rest[rest.index("<!-- /settings -->") :]
     doc.write_text(text)
 
 

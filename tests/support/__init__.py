@@ -1,0 +1,1 @@
+"""Helpers shared by the unit and integration tests (no fixtures: plain functions)."""
