@@ -390,38 +390,28 @@ class LeaderElector:
         except Exception as err:  # an Event is best effort; leading is not
             log.warning("could not record the lease event", extra={"error": error_message(err)})
 
-    def try_acquire_or_renew(self) -> bool:
-        record = self._get()
-        if record is None:
-            try:
-                resp = self._api.create_namespaced_lease(
-                    self.namespace,
-                    self._lease(None, self.identity, self.lease_duration),
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
-            except ApiException as err:
-                if api_error(err) is ApiError.CONFLICT:  # someone created it first
-                    return False
-                raise
-            self.observe(LeaseRecord.from_object(read_json(resp)))
-            return True
-        self.observe(record)
-        if not may_acquire(record, self.identity, self._observed_at, self._clock(), self.lease_duration):
-            return False
+    def _write(self, call: Any, *args: Any) -> bool:
+        """Create or replace the Lease; False (nothing written) when another candidate wrote first (409)."""
         try:
-            resp = self._api.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                self._lease(record, self.identity, self.lease_duration),
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+            resp = call(*args, _preload_content=False, _request_timeout=self._timeout)
         except ApiException as err:
-            if api_error(err) is ApiError.CONFLICT:  # another candidate wrote first
+            if api_error(err) is ApiError.CONFLICT:
                 return False
             raise
         self.observe(LeaseRecord.from_object(read_json(resp)))
+        return True
+
+    def try_acquire_or_renew(self) -> bool:
+        record = self._get()
+        if record is None:
+            lease = self._lease(None, self.identity, self.lease_duration)
+            return self._write(self._api.create_namespaced_lease, self.namespace, lease)
+        self.observe(record)
+        if not may_acquire(record, self.identity, self._observed_at, self._clock(), self.lease_duration):
+            return False
+        lease = self._lease(record, self.identity, self.lease_duration)
+        if not self._write(self._api.replace_namespaced_lease, self.name, self.namespace, lease):
+            return False
         if (
             record.holder
             and record.holder != self.identity
