@@ -24,7 +24,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.kube import discard, read_json, rfc3339
+from gpu_scheduling.kubeclient import ApiError, api_error, read_json
+from gpu_scheduling.objects import Pod
+from scheduler.kube import discard, rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -52,8 +54,11 @@ class BindResult:
     node: str | None = None
 
 
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return pod.get("metadata") or {}
+def _named(pod: Mapping[str, Any]) -> tuple[Pod, str, str]:
+    view = Pod(pod)
+    if not view.name or not view.namespace:
+        raise ValueError(f"pod {view.key} has no name or namespace")
+    return view, view.name, view.namespace
 
 
 class PodWriter:
@@ -63,35 +68,38 @@ class PodWriter:
 
     def recreate(self, pod: Mapping[str, Any]) -> bool:
         """Delete the pod (only this UID); False when it was already gone or replaced."""
-        meta = _meta(pod)
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=meta.get("uid")))
+        view, name, namespace = _named(pod)
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=view.uid or None))
         try:
             resp = self._core.delete_namespaced_pod(
-                meta["name"],
-                meta["namespace"],
+                name,
+                namespace,
                 body=body,
                 _preload_content=False,
                 _request_timeout=TIMEOUT,
             )
         except ApiException as err:
-            if err.status in (404, 409):  # gone, or another pod of the same name now
+            if api_error(err) in (
+                ApiError.NOT_FOUND,
+                ApiError.CONFLICT,
+            ):  # gone, or another pod of that name now
                 return False
             raise
         discard(resp)
         return True
 
     def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
-        meta = _meta(pod)
+        view, name, namespace = _named(pod)
         body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=meta["name"], uid=meta.get("uid")),
+            metadata=client.V1ObjectMeta(name=view.name, uid=view.uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
             # _preload_content=False: the client cannot deserialise the Binding
             # the apiserver answers with (a long-standing client bug).
             resp = self._core.create_namespaced_pod_binding(
-                meta["name"],
-                meta["namespace"],
+                name,
+                namespace,
                 body,
                 field_manager=self._field_manager,
                 _preload_content=False,
@@ -100,24 +108,26 @@ class PodWriter:
             discard(resp)
             return BindResult(BindOutcome.BOUND, node)
         except ApiException as err:
-            if err.status == 404:
+            kind = api_error(err)
+            if kind is ApiError.NOT_FOUND:
                 return BindResult(BindOutcome.GONE)
-            if err.status != 409:
+            if kind is not ApiError.CONFLICT:
                 raise
         # 409: already bound, or the UID precondition failed. Look at the pod once.
         try:
             current = read_json(
                 self._core.read_namespaced_pod(
-                    meta["name"], meta["namespace"], _preload_content=False, _request_timeout=TIMEOUT
+                    name, namespace, _preload_content=False, _request_timeout=TIMEOUT
                 )
             )
         except ApiException as err:
-            if err.status == 404:
+            if api_error(err) is ApiError.NOT_FOUND:
                 return BindResult(BindOutcome.GONE)
             raise
-        if (current.get("metadata") or {}).get("uid") != meta.get("uid"):
+        now = Pod(current)
+        if now.uid != view.uid:
             return BindResult(BindOutcome.GONE)
-        bound_to = (current.get("spec") or {}).get("nodeName")
+        bound_to = now.node_name
         if bound_to == node:
             return BindResult(BindOutcome.ALREADY, node)
         if bound_to:
@@ -126,7 +136,7 @@ class PodWriter:
 
     def set_unschedulable(self, pod: Mapping[str, Any], message: str) -> None:
         """PodScheduled=False, reason Unschedulable, as kube-scheduler reports it."""
-        meta = _meta(pod)
+        _, name, namespace = _named(pod)
         body = {
             "status": {
                 "conditions": [
@@ -142,8 +152,8 @@ class PodWriter:
             }
         }
         resp = self._core.patch_namespaced_pod_status(
-            meta["name"],
-            meta["namespace"],
+            name,
+            namespace,
             body,
             field_manager=self._field_manager,
             _content_type=STRATEGIC_PATCH,

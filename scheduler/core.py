@@ -22,14 +22,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from gpu_scheduling.kubeclient import ApiError, api_error, error_message
+from gpu_scheduling.objects import Node, Pod
 from gpu_scheduling.podinfo import POD_INDEX_LABEL
 from gpu_scheduling.rules import NOT_INJECTED, Decision, evaluate, gpus_in_use, node_signature
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import BindOutcome, PodWriter, truncate_message
 from scheduler.events import EventRecorder
-from scheduler.kube import error_message
 from scheduler.leader import LeaderElector
 from scheduler.ledger import Claim, Ledger, pod_key
 from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
@@ -46,35 +46,24 @@ SCHEDULED = "Scheduled"
 
 def is_pending(pod: Mapping[str, Any]) -> bool:
     """Waiting for a node: not bound, not being deleted, not finished."""
-    meta = pod.get("metadata") or {}
-    return (
-        not (pod.get("spec") or {}).get("nodeName")
-        and not meta.get("deletionTimestamp")
-        and (pod.get("status") or {}).get("phase") in (None, "", "Pending")
-    )
+    view = Pod(pod)
+    return not view.node_name and not view.deleting and view.phase in (None, "Pending")
 
 
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     """What the checks read from a pod: a change makes a waiting pod try again at once."""
-    meta = pod.get("metadata") or {}
+    view = Pod(pod)
     return (
-        meta.get("uid"),
-        (meta.get("annotations") or {}).get(ANNOTATION),
-        (meta.get("labels") or {}).get(POD_INDEX_LABEL),
-        json.dumps((pod.get("spec") or {}).get("tolerations") or [], sort_keys=True),
+        view.meta.get("uid"),
+        view.annotations.get(ANNOTATION),
+        view.labels.get(POD_INDEX_LABEL),
+        json.dumps(view.spec.get("tolerations") or [], sort_keys=True),
     )
 
 
 def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The pod's controller ownerReference (StatefulSet, Job, ...), or None for a bare pod."""
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("uid"):
-            return ref
-    return None
-
-
-def _uid(pod: Mapping[str, Any]) -> str:
-    return (pod.get("metadata") or {}).get("uid") or ""
+    return Pod(pod).owner
 
 
 class Scheduler:
@@ -162,7 +151,7 @@ class Scheduler:
         key = pod_key(pod)
         if is_pending(pod):
             with self._lock:
-                self._first_seen.setdefault(_uid(pod), time.monotonic())
+                self._first_seen.setdefault(Pod(pod).uid, time.monotonic())
             if old is None or pod_signature(old) != pod_signature(pod):
                 self.queue.add(key)
         else:
@@ -173,14 +162,14 @@ class Scheduler:
         self._requeue_nodes(self.ledger.forget(pod))
 
     def _node_added(self, node: Obj) -> None:
-        self._requeue_nodes([(node.get("metadata") or {}).get("name", "")])
+        self._requeue_nodes([Node(node).name or ""])
 
     def _node_updated(self, old: Obj, new: Obj) -> None:
         if node_signature(old) != node_signature(new):
-            self._requeue_nodes([(new.get("metadata") or {}).get("name", "")])
+            self._requeue_nodes([Node(new).name or ""])
 
     def _node_deleted(self, node: Obj) -> None:
-        self._requeue_nodes([(node.get("metadata") or {}).get("name", "")])
+        self._requeue_nodes([Node(node).name or ""])
 
     def _relisted(self, resource: str) -> None:
         self.metrics.watch_relists.labels(resource).inc()
@@ -211,7 +200,7 @@ class Scheduler:
 
     def _clear(self, pod: Mapping[str, Any]) -> None:
         """The pod is bound, finished or gone: forget its retries and reports."""
-        key, uid = pod_key(pod), _uid(pod)
+        key, uid = pod_key(pod), Pod(pod).uid
         self.backoff.forget(key)
         with self._lock:
             self._unwait_locked(key)
@@ -260,19 +249,18 @@ class Scheduler:
             self.ledger.cancel(pod)
             return  # whoever leads now places it
         with self._lock:
-            first_seen = self._first_seen.get(_uid(pod))
+            first_seen = self._first_seen.get(Pod(pod).uid)
         try:
             result = self.writer.bind(pod, entry.node)
-        except ApiException as err:
-            if err.status == 404:
+        except Exception as err:
+            kind = api_error(err)
+            if kind is ApiError.NOT_FOUND:
                 self.ledger.cancel(pod)
                 return  # deleted meanwhile: the watch cleans up
-            if 400 <= (err.status or 0) < 500:
-                self.ledger.cancel(pod)  # refused: nothing was bound
-            # 5xx: the Binding may have been stored; the reservation stays until the watch says.
-            self._api_failure(pod, entry.node, err)
-            return
-        except Exception as err:  # connection errors, timeouts: the Binding may have been stored
+            if kind not in (ApiError.SERVER_ERROR, ApiError.NO_ANSWER):
+                self.ledger.cancel(pod)  # refused (4xx): nothing was bound
+            # 5xx, connection errors, timeouts: the Binding may have been stored; the
+            # reservation stays until the watch says.
             self._api_failure(pod, entry.node, err)
             return
         if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
@@ -332,7 +320,7 @@ class Scheduler:
         webhook outage does not become a delete/create storm) and its controller
         creates it again through the webhook; a bare pod waits with its event.
         """
-        key, uid = pod_key(pod), _uid(pod)
+        key, uid = pod_key(pod), Pod(pod).uid
         self.ledger.cancel(pod)
         self.metrics.failures.labels(NOT_INJECTED).inc()
         owner = controller_of(pod)
@@ -399,7 +387,7 @@ class Scheduler:
             self._set_condition(pod, note)
 
     def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:
-        key, uid = pod_key(pod), _uid(pod)
+        key, uid = pod_key(pod), Pod(pod).uid
         reason, message = decision.reason, decision.message
         note = truncate_message(f"{reason}: {message}")
         self.ledger.cancel(pod)  # a reservation left by an earlier attempt must not block others
@@ -440,7 +428,7 @@ class Scheduler:
                 extra={"pod": pod_key(pod), "error": error_message(err)},
             )
             with self._lock:
-                self._reported.pop(_uid(pod), None)  # try again next time
+                self._reported.pop(Pod(pod).uid, None)  # try again next time
 
     # -- life cycle -------------------------------------------------------------------------
 

@@ -23,8 +23,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpu_scheduling.kubeclient import ApiError, api_error, error_message
+from gpu_scheduling.objects import Pod
 from scheduler.binding import MERGE_PATCH, TIMEOUT
-from scheduler.kube import discard, error_message, micro_datetime, micro_time
+from scheduler.kube import discard, micro_datetime, micro_time
 
 log = logging.getLogger("gpu_scheduler.events")
 
@@ -78,8 +80,8 @@ class EventRecorder:
 
     def warning(self, pod: Mapping[str, Any], reason: str, note: str) -> bool:
         """Record a Warning; returns True when it causes a write (new, or a due series update)."""
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid") or ""
+        view = Pod(pod)
+        uid = view.uid
         note = truncate(note)
         now = self._clock()
         with self._lock:
@@ -91,28 +93,28 @@ class EventRecorder:
                 seen.written = now
                 write = _Write(
                     "series",
-                    meta.get("namespace", ""),
+                    view.namespace or "",
                     seen.name,
                     {"series": {"count": seen.count, "lastObservedTime": micro_time()}},
                 )
             else:
-                name = self._name(meta)
+                name = self._name(view.name)
                 self._seen[uid] = _Seen(reason, note, name, 1, now)
                 write = _Write(
-                    "create", meta.get("namespace", ""), name, self._event(pod, name, "Warning", reason, note)
+                    "create", view.namespace or "", name, self._event(view, name, "Warning", reason, note)
                 )
         self._put(write)
         return True
 
     def normal(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
-        meta = pod.get("metadata") or {}
-        name = self._name(meta)
+        view = Pod(pod)
+        name = self._name(view.name)
         self._put(
             _Write(
                 "create",
-                meta.get("namespace", ""),
+                view.namespace or "",
                 name,
-                self._event(pod, name, "Normal", reason, truncate(note)),
+                self._event(view, name, "Normal", reason, truncate(note)),
             )
         )
 
@@ -120,7 +122,7 @@ class EventRecorder:
         self, regarding: client.V1ObjectReference, reason: str, note: str, action: str = ACTION
     ) -> None:
         """A one-off Warning about any namespaced object (the leader's Lease); no series."""
-        name = self._name({"name": regarding.name})
+        name = self._name(regarding.name)
         self._put(
             _Write(
                 "create",
@@ -191,7 +193,7 @@ class EventRecorder:
                 discard(resp)
                 return
             except ApiException as err:
-                if err.status != 404:
+                if api_error(err) is not ApiError.NOT_FOUND:
                     raise
             # The Event expired or was deleted: the next warning creates a fresh one.
             with self._lock:
@@ -205,27 +207,24 @@ class EventRecorder:
             )
             discard(resp)
         except ApiException as err:
-            if err.status != 409:  # the same name already written: nothing to add
+            if api_error(err) is not ApiError.CONFLICT:  # the same name already written: nothing to add
                 raise
 
     # -- building ---------------------------------------------------------------------------
 
     @staticmethod
-    def _name(meta: Mapping[str, Any]) -> str:
+    def _name(name: str | None) -> str:
         # Like client-go: the object's name and a timestamp in hex.
-        return f"{str(meta.get('name', 'pod'))[:230]}.{time.time_ns():x}"
+        return f"{(name if name is not None else 'pod')[:230]}.{time.time_ns():x}"
 
-    def _event(
-        self, pod: Mapping[str, Any], name: str, kind: str, reason: str, note: str
-    ) -> client.EventsV1Event:
-        meta = pod.get("metadata") or {}
+    def _event(self, pod: Pod, name: str, kind: str, reason: str, note: str) -> client.EventsV1Event:
         regarding = client.V1ObjectReference(
             api_version="v1",
             kind="Pod",
-            namespace=meta.get("namespace"),
-            name=meta.get("name"),
-            uid=meta.get("uid"),
-            resource_version=meta.get("resourceVersion"),
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid or None,
+            resource_version=pod.resource_version,
         )
         return self._event_about(regarding, name, kind, reason, note, ACTION)
 

@@ -1,29 +1,14 @@
-"""The API client and the small helpers every writer shares."""
+"""Small helpers every writer shares: API time formats, releasing raw responses.
+
+The client itself comes from :func:`gpu_scheduling.kubeclient.load_client`.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
 UTC = dt.UTC
-
-
-def build_api_client(kubeconfig: str | None, pool_size: int = 16, user_agent: str = "gpu-scheduler") -> Any:
-    """An ApiClient from ``kubeconfig``, or the in-cluster ServiceAccount when None."""
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
-    # Two long watches, the lease, the event sender and the workers share the pool.
-    configuration.connection_pool_maxsize = pool_size
-    api = client.ApiClient(configuration)
-    api.user_agent = user_agent
-    return api
 
 
 def now() -> dt.datetime:
@@ -58,31 +43,6 @@ def parse_time(value: str | None) -> dt.datetime | None:
         return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def status_of(err: BaseException) -> int | None:
-    return err.status if isinstance(err, ApiException) else None
-
-
-def error_message(err: BaseException) -> str:
-    """The apiserver's Status message when there is one, else the exception text."""
-    if isinstance(err, ApiException):
-        try:
-            body = json.loads(err.body or "")
-            if isinstance(body, dict) and body.get("message"):
-                return f"{err.status}: {body['message']}"
-        except ValueError:
-            pass
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"
-
-
-def read_json(resp: Any) -> Any:
-    """Body of a ``_preload_content=False`` response as JSON; releases the connection."""
-    try:
-        return json.loads(resp.data or b"null")
-    finally:
-        resp.release_conn()
 
 
 def discard(resp: Any) -> None:

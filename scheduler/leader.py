@@ -35,7 +35,9 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.kube import discard, error_message, micro_datetime, parse_time, read_json
+from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
+from gpu_scheduling.objects import Meta
+from scheduler.kube import discard, micro_datetime, parse_time
 
 log = logging.getLogger("gpu_scheduler.leader")
 
@@ -67,15 +69,16 @@ class LeaseRecord:
 
     @classmethod
     def from_object(cls, lease: Mapping[str, Any]) -> LeaseRecord:
-        spec = lease.get("spec") or {}
+        view = Meta(lease)
+        spec = view.spec
         return cls(
             holder=spec.get("holderIdentity") or "",
             duration=float(spec.get("leaseDurationSeconds") or 0),
             acquire_time=spec.get("acquireTime"),
             renew_time=spec.get("renewTime"),
             transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=(lease.get("metadata") or {}).get("resourceVersion") or "",
-            uid=(lease.get("metadata") or {}).get("uid") or "",
+            resource_version=view.resource_version or "",
+            uid=view.uid,
         )
 
 
@@ -318,7 +321,7 @@ class LeaderElector:
                 self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
             )
         except ApiException as err:
-            if err.status == 404:
+            if api_error(err) is ApiError.NOT_FOUND:
                 return None
             raise
         return LeaseRecord.from_object(read_json(resp))
@@ -387,38 +390,28 @@ class LeaderElector:
         except Exception as err:  # an Event is best effort; leading is not
             log.warning("could not record the lease event", extra={"error": error_message(err)})
 
-    def try_acquire_or_renew(self) -> bool:
-        record = self._get()
-        if record is None:
-            try:
-                resp = self._api.create_namespaced_lease(
-                    self.namespace,
-                    self._lease(None, self.identity, self.lease_duration),
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
-            except ApiException as err:
-                if err.status == 409:  # someone created it first
-                    return False
-                raise
-            self.observe(LeaseRecord.from_object(read_json(resp)))
-            return True
-        self.observe(record)
-        if not may_acquire(record, self.identity, self._observed_at, self._clock(), self.lease_duration):
-            return False
+    def _write(self, call: Any, *args: Any) -> bool:
+        """Create or replace the Lease; False (nothing written) when another candidate wrote first (409)."""
         try:
-            resp = self._api.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                self._lease(record, self.identity, self.lease_duration),
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
+            resp = call(*args, _preload_content=False, _request_timeout=self._timeout)
         except ApiException as err:
-            if err.status == 409:  # another candidate wrote first
+            if api_error(err) is ApiError.CONFLICT:
                 return False
             raise
         self.observe(LeaseRecord.from_object(read_json(resp)))
+        return True
+
+    def try_acquire_or_renew(self) -> bool:
+        record = self._get()
+        if record is None:
+            lease = self._lease(None, self.identity, self.lease_duration)
+            return self._write(self._api.create_namespaced_lease, self.namespace, lease)
+        self.observe(record)
+        if not may_acquire(record, self.identity, self._observed_at, self._clock(), self.lease_duration):
+            return False
+        lease = self._lease(record, self.identity, self.lease_duration)
+        if not self._write(self._api.replace_namespaced_lease, self.name, self.namespace, lease):
+            return False
         if (
             record.holder
             and record.holder != self.identity

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_scheduling.injection import held_devices
+from gpu_scheduling.objects import Pod
 from gpu_scheduling.podinfo import entry_for
 from gpu_scheduling.schedmap import MapError
 
@@ -55,32 +56,29 @@ class Claim:
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+    return Pod(pod).key
 
 
 def is_active(pod: Mapping[str, Any]) -> bool:
     """Not finished. Terminating pods are active: they hold their GPUs until deleted."""
-    return (pod.get("status") or {}).get("phase") not in FINISHED_PHASES
+    return Pod(pod).phase not in FINISHED_PHASES
 
 
 def is_bound(pod: Mapping[str, Any]) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName"))
+    return Pod(pod).node_name is not None
 
 
 def claim_of(pod: Mapping[str, Any]) -> Claim | None:
     """The GPUs this pod holds according to the API object's immutable fields."""
-    if not is_active(pod):
+    view = Pod(pod)
+    node = view.node_name
+    if not is_active(pod) or node is None:
         return None
-    spec = pod.get("spec") or {}
-    node = spec.get("nodeName")
-    if not node:
-        return None
-    devices = held_devices(spec)
+    devices = held_devices(view.spec)
     if devices:
         return Claim.of(node, devices)
     try:
-        _, entry = entry_for(pod.get("metadata") or {})
+        _, entry = entry_for(view.meta)
     except MapError:
         return None
     if entry is None or entry.node != node:
@@ -129,7 +127,7 @@ class Ledger:
 
     def observe(self, pod: Mapping[str, Any]) -> set[str]:
         """Record the pod as the watch shows it; returns the nodes where GPUs were freed."""
-        uid = (pod.get("metadata") or {}).get("uid") or ""
+        uid = Pod(pod).uid
         claim = claim_of(pod)
         with self._lock:
             reserved = self._reserved.get(uid)
@@ -142,7 +140,7 @@ class Ledger:
 
     def forget(self, pod: Mapping[str, Any]) -> set[str]:
         """The pod is gone; returns the nodes where GPUs were freed."""
-        uid = (pod.get("metadata") or {}).get("uid") or ""
+        uid = Pod(pod).uid
         with self._lock:
             self._reserved.pop(uid, None)
             return self._set(uid, pod_key(pod), None)
@@ -154,7 +152,7 @@ class Ledger:
 
         Returns the conflicts (and takes nothing) when another pod holds any of the GPUs.
         """
-        uid = (pod.get("metadata") or {}).get("uid") or ""
+        uid = Pod(pod).uid
         with self._lock:
             conflicts = [
                 (gpu, key)
@@ -170,7 +168,7 @@ class Ledger:
 
     def cancel(self, pod: Mapping[str, Any]) -> set[str]:
         """Drop a reservation whose write failed; fall back to what the API object says."""
-        uid = (pod.get("metadata") or {}).get("uid") or ""
+        uid = Pod(pod).uid
         with self._lock:
             self._reserved.pop(uid, None)
             return self._set(uid, pod_key(pod), claim_of(pod))

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from types import FrameType
 
 from gpu_scheduling import logs
+from gpu_scheduling.kubeclient import load_client
 from scheduler import settings as settings_mod
 from scheduler.core import Scheduler
-from scheduler.kube import build_api_client
 from scheduler.server import HealthServer
 
 log = logging.getLogger("gpu_scheduler")
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     try:
-        api_client = build_api_client(
+        api_client = load_client(
             settings.kubeconfig,
             pool_size=settings.workers + 8,
             user_agent=f"gpu-scheduler/{settings.identity}",

@@ -2,27 +2,25 @@
 
 Every setting comes from an environment variable and can be overridden by a
 command-line flag of the same meaning (``GPU_SCHEDULER_HTTP_PORT`` and
-``--http-port``). The names are fixed in ``docs/dev-interfaces.md``; the
+``--http-port``): the rows of :data:`TABLE`, read by :mod:`gpu_scheduling.config`. The names are fixed in ``docs/dev-interfaces.md``; the
 tuning knobs below them (lease timings, backoff, workers) are documented in
 ``docs/scheduler.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-_LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+from gpu_scheduling import config
+from gpu_scheduling.config import Setting, SettingsError
 
+__all__ = ["TABLE", "Settings", "SettingsError", "default_identity", "load"]
 
-class SettingsError(ValueError):
-    """A setting has a value the scheduler cannot run with."""
+_LEVELS = set(config.LOG_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -79,92 +77,136 @@ class Settings:
         return self
 
 
-def _bool(name: str, value: str) -> bool:
-    low = value.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise SettingsError(f"{name}={value!r} is not a boolean (true/false)")
-
-
-def _number(name: str, value: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(value)
-    except ValueError:
-        raise SettingsError(f"{name}={value!r} is not a valid {kind.__name__}") from None
-
-
 def default_identity(env: Mapping[str, str]) -> str:
     """``POD_NAME`` (unique per pod in the chart), else ``hostname_pid``."""
     return env.get("POD_NAME") or f"{socket.gethostname()}_{os.getpid()}"
 
 
-# (field, env name, flag, type, help)
-_OPTIONS: list[tuple[str, str, str, str, str]] = [
-    ("scheduler_name", "GPU_SCHEDULER_NAME", "--scheduler-name", "str", "pods with this spec.schedulerName"),
-    ("http_address", "GPU_SCHEDULER_HTTP_ADDRESS", "--http-address", "str", "address of the HTTP server"),
-    ("http_port", "GPU_SCHEDULER_HTTP_PORT", "--http-port", "int", "/health, /healthz, /readyz, /metrics"),
-    ("leader_elect", "GPU_SCHEDULER_LEADER_ELECT", "--leader-elect", "bool", "Lease-based leader election"),
-    ("lease_name", "GPU_SCHEDULER_LEASE_NAME", "--lease-name", "str", "coordination.k8s.io Lease name"),
-    ("lease_namespace", "GPU_SCHEDULER_LEASE_NAMESPACE", "--lease-namespace", "str", "Lease namespace"),
-    ("lease_duration", "GPU_SCHEDULER_LEASE_DURATION", "--lease-duration", "float", "seconds"),
-    ("renew_deadline", "GPU_SCHEDULER_RENEW_DEADLINE", "--renew-deadline", "float", "seconds"),
-    ("retry_period", "GPU_SCHEDULER_RETRY_PERIOD", "--retry-period", "float", "seconds"),
-    ("identity", "GPU_SCHEDULER_IDENTITY", "--identity", "str", "leader identity (default POD_NAME)"),
-    ("log_level", "GPU_SCHEDULER_LOG_LEVEL", "--log-level", "str", "DEBUG, INFO, WARNING, ERROR"),
-    ("kubeconfig", "KUBECONFIG", "--kubeconfig", "str", "kubeconfig file (in-cluster config when unset)"),
-    ("workers", "GPU_SCHEDULER_WORKERS", "--workers", "int", "pods placed in parallel"),
-    ("backoff_initial", "GPU_SCHEDULER_BACKOFF_INITIAL", "--backoff-initial", "float", "first retry, s"),
-    ("backoff_max", "GPU_SCHEDULER_BACKOFF_MAX", "--backoff-max", "float", "longest retry interval, s"),
-    (
+_INT, _FLOAT = config.number(int), config.number(float)
+
+TABLE: tuple[Setting, ...] = (
+    Setting(
+        "scheduler_name",
+        "GPU_SCHEDULER_NAME",
+        config.text,
+        "pods with this `spec.schedulerName` are ours",
+        "--scheduler-name",
+    ),
+    Setting(
+        "http_address",
+        "GPU_SCHEDULER_HTTP_ADDRESS",
+        config.text,
+        "address of the HTTP server",
+        "--http-address",
+    ),
+    Setting(
+        "http_port",
+        "GPU_SCHEDULER_HTTP_PORT",
+        _INT,
+        "`/health`, `/healthz`, `/readyz`, `/metrics`",
+        "--http-port",
+    ),
+    Setting(
+        "leader_elect",
+        "GPU_SCHEDULER_LEADER_ELECT",
+        config.boolean,
+        "Lease-based leader election",
+        "--leader-elect",
+    ),
+    Setting(
+        "lease_name",
+        "GPU_SCHEDULER_LEASE_NAME",
+        config.text,
+        "coordination.k8s.io Lease name",
+        "--lease-name",
+    ),
+    Setting(
+        "lease_namespace",
+        "GPU_SCHEDULER_LEASE_NAMESPACE",
+        config.text,
+        "Lease namespace",
+        "--lease-namespace",
+        "`$POD_NAMESPACE` or `default`",
+    ),
+    Setting(
+        "lease_duration",
+        "GPU_SCHEDULER_LEASE_DURATION",
+        _FLOAT,
+        "seconds a standby waits after the last renewal it saw",
+        "--lease-duration",
+    ),
+    Setting(
+        "renew_deadline",
+        "GPU_SCHEDULER_RENEW_DEADLINE",
+        _FLOAT,
+        "seconds a leader that cannot renew keeps leading",
+        "--renew-deadline",
+    ),
+    Setting(
+        "retry_period",
+        "GPU_SCHEDULER_RETRY_PERIOD",
+        _FLOAT,
+        "seconds between lease attempts",
+        "--retry-period",
+    ),
+    Setting(
+        "identity",
+        "GPU_SCHEDULER_IDENTITY",
+        config.text,
+        "leader identity",
+        "--identity",
+        "`$POD_NAME`, else `hostname_pid`",
+    ),
+    Setting(
+        "log_level", "GPU_SCHEDULER_LOG_LEVEL", config.text, "DEBUG, INFO, WARNING, ERROR", "--log-level"
+    ),
+    Setting(
+        "kubeconfig",
+        "KUBECONFIG",
+        config.text,
+        "kubeconfig file (`gpu_scheduling.kubeclient.load_client`)",
+        "--kubeconfig",
+        "in-cluster config",
+    ),
+    Setting("workers", "GPU_SCHEDULER_WORKERS", _INT, "pods placed in parallel", "--workers"),
+    Setting(
+        "backoff_initial",
+        "GPU_SCHEDULER_BACKOFF_INITIAL",
+        _FLOAT,
+        "first retry of a pod that cannot be placed yet, s",
+        "--backoff-initial",
+    ),
+    Setting("backoff_max", "GPU_SCHEDULER_BACKOFF_MAX", _FLOAT, "longest retry interval, s", "--backoff-max"),
+    Setting(
         "require_injection",
         "GPU_SCHEDULER_REQUIRE_INJECTION",
-        "--require-injection",
-        "bool",
+        config.boolean,
         "bind only pods that carry the webhook's GPU variables",
+        "--require-injection",
     ),
-    (
+    Setting(
         "recreate_not_injected",
         "GPU_SCHEDULER_RECREATE_NOT_INJECTED",
-        "--recreate-not-injected",
-        "bool",
+        config.boolean,
         "delete controller-owned pods admitted without them",
+        "--recreate-not-injected",
     ),
-]
+)
 
 
 def load(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from ``env`` (default ``os.environ``) overridden by ``argv`` flags."""
     env = os.environ if env is None else env
-    values: dict[str, object] = {
+    values: dict[str, Any] = {
         "lease_namespace": env.get("POD_NAMESPACE") or "default",
         "identity": default_identity(env),
     }
-    kinds = {"int": int, "float": float}
-
-    def convert(source: str, raw: str, kind: str) -> Any:
-        """A raw setting as its field's type; errors name ``source`` (the env var or the flag)."""
-        if kind == "bool":
-            return _bool(source, raw)
-        if kind in kinds:
-            return _number(source, raw, kinds[kind])
-        return raw
-
-    for field, env_name, _flag, kind, _help in _OPTIONS:
-        raw = env.get(env_name)
-        if raw:
-            values[field] = convert(env_name, raw, kind)
-
-    parser = argparse.ArgumentParser(
+    values.update(config.read_env(TABLE, env))
+    parser = config.parser_for(
+        TABLE,
         prog="gpu-scheduler",
         description="Bind pods that carry a gpu-scheduling-map to their mapped node and GPUs.",
     )
-    for field, env_name, flag, _kind, help_text in _OPTIONS:
-        parser.add_argument(flag, dest=field, default=None, help=f"{help_text} (env {env_name})")
-    args = vars(parser.parse_args(list(argv) if argv is not None else None))
-    for field, _env_name, flag, kind, _help in _OPTIONS:
-        if args.get(field) is not None:
-            values[field] = convert(flag, args[field], kind)
+    values.update(config.read_flags(TABLE, parser.parse_args(list(argv) if argv is not None else None)))
     values["log_level"] = str(values.get("log_level", "INFO")).upper()
-    return Settings(**values).validate()  # type: ignore[arg-type]
+    return Settings(**values).validate()

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scheduler.kube import read_json
+from gpu_scheduling.kubeclient import ApiError, api_error, list_all, short_error, status_kind
+from gpu_scheduling.objects import Meta
 from scheduler.workqueue import Backoff
 
 log = logging.getLogger("gpu_scheduler.watch")
@@ -38,9 +38,8 @@ class Gone(Exception):
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace")
-    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+    """``namespace/name``, or ``name`` for a cluster-scoped object: the cache's key."""
+    return Meta(obj).key
 
 
 def _slim(obj: Obj) -> Obj:
@@ -129,33 +128,22 @@ class Informer:
                 status = getattr(err, "status", None)
                 log.warning(
                     "watch failed, retrying",
-                    extra={"resource": self.name, "error": _short(err), "status": status, "retry_in": delay},
+                    extra={
+                        "resource": self.name,
+                        "error": short_error(err),
+                        "status": status,
+                        "retry_in": delay,
+                    },
                 )
-                if status == 410:
+                if api_error(err) is ApiError.GONE:
                     rv = None
                 stop.wait(delay)
 
     def _relist(self) -> str:
-        items: list[Obj] = []
-        token: str | None = None
-        rv = ""
-        while True:
-            kwargs: dict[str, Any] = dict(self._selectors, limit=self._page_size)
-            if token:
-                kwargs["_continue"] = token
-            try:
-                body = read_json(self._list_fn(_preload_content=False, _request_timeout=(10, 60), **kwargs))
-            except ApiException as err:
-                if err.status == 410 and token:  # the continue token expired: start over
-                    items, token = [], None
-                    continue
-                raise
-            items.extend(_slim(i) for i in body.get("items") or [])
-            meta = body.get("metadata") or {}
-            rv = meta.get("resourceVersion") or rv
-            token = meta.get("continue") or None
-            if not token:
-                break
+        found, rv = list_all(
+            self._list_fn, page_size=self._page_size, request_timeout=(10, 60), **self._selectors
+        )
+        items = [_slim(i) for i in found]
         self.last_contact = time.monotonic()
         fresh = {object_key(o): o for o in items}
         with self._lock:
@@ -205,10 +193,10 @@ class Informer:
         kind = event.get("type")
         obj = event.get("object") or {}
         if kind == "ERROR":
-            if obj.get("code") == 410:
+            if status_kind(obj.get("code")) is ApiError.GONE:
                 raise Gone(obj.get("message"))
             raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        rv = Meta(obj).resource_version
         if kind == "BOOKMARK":
             return rv
         obj = _slim(obj)
@@ -255,14 +243,8 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:
-    return (obj.get("metadata") or {}).get("uid")
+    return Meta(obj).uid or None
 
 
 def _rv(obj: Mapping[str, Any]) -> str | None:
-    return (obj.get("metadata") or {}).get("resourceVersion")
-
-
-def _short(err: BaseException) -> str:
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return f"{type(err).__name__}: {err}"[:300]
+    return Meta(obj).resource_version

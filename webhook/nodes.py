@@ -22,10 +22,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from gpu_scheduling.kubeclient import (
+    ApiError,
+    KubeConfigError,
+    api_error,
+    list_all,
+    load_client,
+    short_error,
+    status_kind,
+)
+from gpu_scheduling.objects import Node
 from gpu_scheduling.resources import node_gpus
 
 log = logging.getLogger("webhook.nodes")
@@ -119,14 +129,11 @@ class NodeCache:
 
     # ------------------------------------------------------------------ the thread
     def _connect(self) -> Any:
-        configuration = client.Configuration()
-        if self._kubeconfig:
-            config.load_kube_config(config_file=self._kubeconfig, client_configuration=configuration)
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            raise NodeLookupUnavailable("neither KUBECONFIG nor an in-cluster service account is available")
-        return client.CoreV1Api(client.ApiClient(configuration))
+        # The settings read KUBECONFIG already; without it and outside a pod, no API access
+        # (never a developer's ~/.kube/config).
+        return client.CoreV1Api(
+            load_client(self._kubeconfig, fallbacks=False, user_agent="gpu-scheduler-webhook")
+        )
 
     def _unavailable(self, why: str) -> None:
         with self._lock:
@@ -137,7 +144,7 @@ class NodeCache:
         try:
             api = self._connect()
         except Exception as exc:  # any config problem means "no API access", for good
-            why = str(exc) if isinstance(exc, NodeLookupUnavailable) else f"{type(exc).__name__}: {exc}"
+            why = str(exc) if isinstance(exc, KubeConfigError) else f"{type(exc).__name__}: {exc}"
             self._unavailable(f"no Kubernetes API access ({why})")
             log.info("node checks disabled: no Kubernetes API access (%s)", why)
             return
@@ -154,7 +161,7 @@ class NodeCache:
                 log.info("node watch expired (410 Gone): listing the nodes again")
                 version = None
             except Exception as exc:  # API down, refused (RBAC), TLS, a malformed answer: retry later
-                why = _describe(exc)
+                why = short_error(exc)
                 self._unavailable(f"cannot list nodes: {why}")
                 log.warning("node cache: %s; retrying in %.1f s", why, backoff)
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
@@ -162,27 +169,8 @@ class NodeCache:
 
     def _list(self, api: Any) -> str:
         """List every node (in pages); replace the cache; the resourceVersion to watch from."""
-        nodes: dict[str, int | None] = {}
-        version = ""
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": LIST_PAGE}
-            if token:
-                kwargs["_continue"] = token
-            try:
-                resp = api.list_node(_preload_content=False, _request_timeout=LIST_TIMEOUT, **kwargs)
-            except ApiException as exc:
-                if exc.status == 410 and token:  # the continue token expired: start over
-                    nodes, token = {}, None
-                    continue
-                raise
-            body = json.loads(resp.data)
-            meta = body.get("metadata") or {}
-            version = version or str(meta.get("resourceVersion") or "")
-            nodes.update(_entry(item) for item in body.get("items") or [] if isinstance(item, dict))
-            token = meta.get("continue") or None
-            if not token:
-                break
+        items, version = list_all(api.list_node, page_size=LIST_PAGE, request_timeout=LIST_TIMEOUT)
+        nodes = dict(_entry(item) for item in items)
         with self._lock:
             self._nodes, self._synced = nodes, True
             self.lists += 1
@@ -202,7 +190,7 @@ class NodeCache:
                 _request_timeout=(LIST_TIMEOUT[0], timeout + 30),
             )
         except ApiException as exc:
-            if exc.status == 410:
+            if api_error(exc) is ApiError.GONE:
                 raise _Relist() from exc
             raise
         try:
@@ -213,36 +201,31 @@ class NodeCache:
                 kind = event.get("type")
                 obj = event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
+                    if status_kind(obj.get("code")) is ApiError.GONE:
                         raise _Relist()
                     raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
-                meta = obj.get("metadata") or {}
-                version = str(meta.get("resourceVersion") or version)
-                name = meta.get("name")
-                if kind == "BOOKMARK" or not isinstance(name, str):
+                node = Node(obj)
+                version = node.resource_version or version
+                name = node.name
+                if kind == "BOOKMARK" or name is None:
                     continue
                 with self._lock:
                     if kind == "DELETED":
                         self._nodes.pop(name, None)
                     elif kind in ("ADDED", "MODIFIED"):
-                        self._nodes[name] = node_gpus(obj.get("status"))
+                        self._nodes[name] = node_gpus(node.status)
         finally:
             resp.close()
             resp.release_conn()
         return version
 
 
-def _entry(node: dict[str, Any]) -> tuple[str, int | None]:
-    return str((node.get("metadata") or {}).get("name")), node_gpus(node.get("status"))
+def _entry(obj: dict[str, Any]) -> tuple[str, int | None]:
+    node = Node(obj)
+    return str(node.name), node_gpus(node.status)
 
 
 def _lines(resp: Any) -> Iterable[str]:
     for line in iter_resp_lines(resp):
         if line:
             yield line if isinstance(line, str) else line.decode("utf-8")
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}"
-    return f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -1,7 +1,8 @@
 """The webhook's settings: one frozen object, read once from the environment at start.
 
-Names and defaults are fixed in ``docs/dev-interfaces.md``; ``docs/webhook.md``
-explains each one.
+The rows of :data:`TABLE`, read by :mod:`gpu_scheduling.config`. Names and
+defaults are fixed in ``docs/dev-interfaces.md`` (its table is generated from
+:data:`TABLE`); ``docs/webhook.md`` explains each one.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
+from gpu_scheduling import config
+from gpu_scheduling.config import Setting, SettingsError
 from gpu_scheduling.injection import INJECTION_MODES, InjectionMode
+
+__all__ = ["GPU_RESOURCE_POLICIES", "LOG_LEVELS", "TABLE", "Settings", "SettingsError"]
 
 GpuResourcePolicy = Literal["warn", "deny"]
 
 GPU_RESOURCE_POLICIES: tuple[GpuResourcePolicy, ...] = ("warn", "deny")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_LEVELS = config.LOG_LEVELS
 # spec.schedulerName is a DNS subdomain (RFC 1123).
 _SCHEDULER_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-class SettingsError(ValueError):
-    """A setting has a value the webhook cannot use; the message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -52,66 +53,90 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read every ``WEBHOOK_*`` variable (and ``KUBECONFIG``); raise SettingsError on a bad value."""
-        env = os.environ if env is None else env
-        d = cls()
+        return cls(**config.read_env(TABLE, os.environ if env is None else env))
 
-        def get(name: str, default: str) -> str:
-            value = env.get(name, "").strip()
-            return value if value else default
 
-        def integer(name: str, default: int, low: int, high: int) -> int:
-            raw = get(name, str(default))
-            try:
-                value = int(raw)
-            except ValueError:
-                raise SettingsError(f"{name}={raw!r} is not an integer") from None
-            if not low <= value <= high:
-                raise SettingsError(f"{name}={value} is outside {low}..{high}")
-            return value
-
-        def seconds(name: str, default: float, low: float, high: float) -> float:
-            raw = get(name, str(default))
-            try:
-                value = float(raw)
-            except ValueError:
-                raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
-            if not low <= value <= high:
-                raise SettingsError(f"{name}={value:g} is outside {low:g}..{high:g} seconds")
-            return value
-
-        mode = get("WEBHOOK_INJECTION_MODE", d.injection_mode).lower()
-        if mode not in INJECTION_MODES:
-            choices = ", ".join(INJECTION_MODES)
-            raise SettingsError(f"WEBHOOK_INJECTION_MODE={mode!r}: choose one of {choices}")
-        policy = get("WEBHOOK_GPU_RESOURCE_POLICY", d.gpu_resource_policy).lower()
-        if policy not in GPU_RESOURCE_POLICIES:
-            raise SettingsError(
-                f"WEBHOOK_GPU_RESOURCE_POLICY={policy!r}: choose one of {', '.join(GPU_RESOURCE_POLICIES)}"
-            )
-        level = get("WEBHOOK_LOG_LEVEL", d.log_level).upper()
-        if level not in LOG_LEVELS:
-            raise SettingsError(f"WEBHOOK_LOG_LEVEL={level!r}: choose one of {', '.join(LOG_LEVELS)}")
-        scheduler_name = get("WEBHOOK_SCHEDULER_NAME", d.scheduler_name)
-        if len(scheduler_name) > 253 or not _SCHEDULER_NAME_RE.fullmatch(scheduler_name):
-            raise SettingsError(
-                f"WEBHOOK_SCHEDULER_NAME={scheduler_name[:80]!r} is not a valid scheduler name "
-                "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
-            )
-        return cls(
-            port=integer("WEBHOOK_PORT", d.port, 1, 65535),
-            tls_cert_file=get("WEBHOOK_TLS_CERT_FILE", d.tls_cert_file),
-            tls_key_file=get("WEBHOOK_TLS_KEY_FILE", d.tls_key_file),
-            injection_mode=cast(InjectionMode, mode),  # checked against INJECTION_MODES above
-            gpu_resource_policy=cast(GpuResourcePolicy, policy),
-            max_body_bytes=integer("WEBHOOK_MAX_BODY_BYTES", d.max_body_bytes, 1024, 1 << 30),
-            log_level=level,
-            kubeconfig=env.get("KUBECONFIG") or None,
-            workers=integer("WEBHOOK_WORKERS", d.workers, 1, 64),
-            worker_connections=integer("WEBHOOK_WORKER_CONNECTIONS", d.worker_connections, 8, 100_000),
-            handshake_timeout=seconds("WEBHOOK_HANDSHAKE_TIMEOUT", d.handshake_timeout, 0.1, 300),
-            header_timeout=seconds("WEBHOOK_HEADER_TIMEOUT", d.header_timeout, 0.1, 300),
-            body_timeout=seconds("WEBHOOK_BODY_TIMEOUT", d.body_timeout, 0.1, 300),
-            idle_timeout=seconds("WEBHOOK_IDLE_TIMEOUT", d.idle_timeout, 0.1, 3600),
-            client_ca_file=get("WEBHOOK_CLIENT_CA_FILE", d.client_ca_file),
-            scheduler_name=scheduler_name,
+def _scheduler_name(source: str, raw: str) -> str:
+    if len(raw) > 253 or not _SCHEDULER_NAME_RE.fullmatch(raw):
+        raise SettingsError(
+            f"{source}={raw[:80]!r} is not a valid scheduler name "
+            "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
         )
+    return raw
+
+
+def _integer(low: int, high: int) -> config.Parse:
+    return config.number(int, low, high, what="an integer")
+
+
+def _seconds(low: float, high: float) -> config.Parse:
+    return config.number(float, low, high, what="a number of seconds", unit=" seconds")
+
+
+TABLE: tuple[Setting, ...] = (
+    Setting("port", "WEBHOOK_PORT", _integer(1, 65535), "HTTPS port (also serves `/healthz`, `/readyz`)"),
+    Setting("tls_cert_file", "WEBHOOK_TLS_CERT_FILE", config.text, "serving certificate"),
+    Setting("tls_key_file", "WEBHOOK_TLS_KEY_FILE", config.text, "its private key"),
+    Setting(
+        "injection_mode",
+        "WEBHOOK_INJECTION_MODE",
+        config.choice(INJECTION_MODES),
+        "`cuda`: `CUDA_VISIBLE_DEVICES`=physical indices; `nvidia`: `NVIDIA_VISIBLE_DEVICES`=physical, "
+        "`CUDA_VISIBLE_DEVICES` renumbered from 0",
+    ),
+    Setting(
+        "gpu_resource_policy",
+        "WEBHOOK_GPU_RESOURCE_POLICY",
+        config.choice(GPU_RESOURCE_POLICIES),
+        "pod also requests the device plugin's GPUs: `warn` or `deny`",
+    ),
+    Setting("max_body_bytes", "WEBHOOK_MAX_BODY_BYTES", _integer(1024, 1 << 30), "larger bodies get 413"),
+    Setting("log_level", "WEBHOOK_LOG_LEVEL", config.log_level, "DEBUG, INFO, WARNING, ERROR"),
+    Setting(
+        "scheduler_name",
+        "WEBHOOK_SCHEDULER_NAME",
+        _scheduler_name,
+        "`spec.schedulerName` of the pods the map applies to; a mapped pod of another scheduler gets "
+        "no injection and a warning",
+    ),
+    Setting(
+        "kubeconfig",
+        "KUBECONFIG",
+        config.text,
+        "`/validate` warns about nodes from a list+watch cache (RBAC: nodes `list`, `watch`) when it can",
+        doc_default="in-cluster, optional",
+    ),
+    Setting(
+        "workers",
+        "WEBHOOK_WORKERS",
+        _integer(1, 64),
+        "gunicorn gevent worker processes (`--workers` overrides)",
+    ),
+    Setting(
+        "worker_connections",
+        "WEBHOOK_WORKER_CONNECTIONS",
+        _integer(8, 100_000),
+        "connections per worker at most",
+    ),
+    Setting(
+        "handshake_timeout",
+        "WEBHOOK_HANDSHAKE_TIMEOUT",
+        _seconds(0.1, 300),
+        "accept to end of TLS handshake, s",
+    ),
+    Setting("header_timeout", "WEBHOOK_HEADER_TIMEOUT", _seconds(0.1, 300), "complete request head, s"),
+    Setting("body_timeout", "WEBHOOK_BODY_TIMEOUT", _seconds(0.1, 300), "end of head to answer written, s"),
+    Setting(
+        "idle_timeout",
+        "WEBHOOK_IDLE_TIMEOUT",
+        _seconds(0.1, 3600),
+        "kept-alive connection waiting for its next request, s",
+    ),
+    Setting(
+        "client_ca_file",
+        "WEBHOOK_CLIENT_CA_FILE",
+        config.text,
+        "`/mutate`, `/validate` need a client certificate signed by this CA (403 otherwise)",
+        doc_default="empty (off)",
+    ),
+)

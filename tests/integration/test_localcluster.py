@@ -17,16 +17,7 @@ from kubernetes import client
 
 from localcluster.cluster import REPO, Cluster, versions
 from localcluster.procs import pid_alive
-
-
-def wait_for(cond, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from tests.support.waiting import wait_for
 
 
 def test_apiserver_reports_pinned_version(kube) -> None:

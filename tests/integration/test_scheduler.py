@@ -20,6 +20,7 @@ from kubernetes import client
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
+from tests.support.kubeapi import pod_events, read_pod
 
 # A first retry far in the future: a pod that binds quickly after its cause went
 # away was re-queued by the watch event, not by the backoff timer.
@@ -27,31 +28,15 @@ SLOW_RETRY = {"GPU_SCHEDULER_BACKOFF_INITIAL": "45", "GPU_SCHEDULER_BACKOFF_MAX"
 PROMPT = 15  # seconds within which a pod must bind once its cause is gone
 
 
-def _pod(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
-    try:
-        resp = client.CoreV1Api(kube).read_namespaced_pod(name, ns, _preload_content=False)
-    except client.ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return dict(json.loads(resp.data))
-
-
 def _running_on(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
-    pod = _pod(kube, ns, name)
+    pod = read_pod(kube, ns, name)
     if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running":
         return pod
     return None
 
 
-def _events(kube: Any, ns: str, pod: str, reason: str | None = None) -> list[dict[str, Any]]:
-    selector = f"involvedObject.name={pod}" + (f",reason={reason}" if reason else "")
-    resp = client.CoreV1Api(kube).list_namespaced_event(ns, field_selector=selector, _preload_content=False)
-    return list(json.loads(resp.data)["items"])
-
-
 def _event_with(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | None:
-    for ev in _events(kube, ns, pod, "FailedScheduling"):
+    for ev in pod_events(kube, ns, pod, "FailedScheduling"):
         if all(w in (ev.get("message") or "") for w in words):
             return ev
     return None
@@ -59,7 +44,7 @@ def _event_with(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | N
 
 def _assigned(kube: Any, ns: str, pod: str) -> str:
     """``node:gpus`` as the pod's Scheduled event names them (the scheduler writes nothing on the pod)."""
-    for ev in _events(kube, ns, pod, "Scheduled"):
+    for ev in pod_events(kube, ns, pod, "Scheduled"):
         found = re.search(r" to (\S+) with GPUs (\S+) \(replica", ev.get("message") or "")
         if found:
             return f"{found.group(1)}:{found.group(2)}"
@@ -77,11 +62,11 @@ def _assert_pending_because(kube: Any, ns: str, pod: str, reason: str, *words: s
     ev = wait_for(lambda: _event_with(kube, ns, pod, reason, *words), 30, what=f"{reason} event on {pod}")
     assert ev["type"] == "Warning"
     assert ev["reportingComponent"] == "gpu-scheduler"
-    current = _pod(kube, ns, pod)
+    current = read_pod(kube, ns, pod)
     assert current is not None
     assert not current["spec"].get("nodeName"), f"{pod} was bound although {reason}"
     assert current["status"]["phase"] == "Pending"
-    cond = wait_for(lambda: _condition(_pod(kube, ns, pod) or {"status": {}}), 10, what="PodScheduled")
+    cond = wait_for(lambda: _condition(read_pod(kube, ns, pod) or {"status": {}}), 10, what="PodScheduled")
     assert cond["status"] == "False"
     assert cond["reason"] == "Unschedulable"
     assert reason in cond["message"]
@@ -122,17 +107,19 @@ def test_statefulset_replicas_bound_to_mapped_nodes_and_gpus(
 
     wait_for(check_all, 60, what="3 replicas Running on their mapped nodes")
     for name, (node, _) in expected.items():
-        scheduled = _events(kube, namespace, name, "Scheduled")
+        scheduled = pod_events(kube, namespace, name, "Scheduled")
         assert len(scheduled) == 1, scheduled
         assert node in scheduled[0]["message"]
-        assert _condition(_pod(kube, namespace, name) or {})["status"] == "True"
+        assert _condition(read_pod(kube, namespace, name) or {})["status"] == "True"
     assert metric(scheduler, "gpu_scheduler_pods_bound_total") == 3
     assert metric(scheduler, "gpu_scheduler_leader") == 1
     assert metric(scheduler, "gpu_scheduler_bind_latency_seconds_count") == 3
 
     # Scale down and up: the replicas come back to the same node and GPUs.
     cluster.kubectl("scale", "-n", namespace, "statefulset/w", "--replicas=1")
-    wait_for(lambda: _pod(kube, namespace, "w-2") is None and _pod(kube, namespace, "w-1") is None, 60)
+    wait_for(
+        lambda: read_pod(kube, namespace, "w-2") is None and read_pod(kube, namespace, "w-1") is None, 60
+    )
     cluster.kubectl("scale", "-n", namespace, "statefulset/w", "--replicas=3")
     wait_for(check_all, 60, what="replicas back on their mapped nodes after scaling up")
     assert metric(scheduler, "gpu_scheduler_pods_bound_total") == 5
@@ -187,7 +174,7 @@ def test_gpu_held_by_another_pod_waits_names_the_holder_and_binds_when_freed(
         30,
         what="several retries",
     )
-    assert len(_events(kube, namespace, "b-0", "FailedScheduling")) == 1
+    assert len(pod_events(kube, namespace, "b-0", "FailedScheduling")) == 1
 
     cluster.kubectl("delete", "-n", namespace, "statefulset/a", "--wait=false")
     pod = wait_for(lambda: _running_on(kube, namespace, "b-0"), PROMPT, what="b-0 bound after a-0 went away")
@@ -310,7 +297,7 @@ def test_two_replicas_one_leader_binds_each_pod_once_and_the_standby_takes_over(
     assert metric(b, "gpu_scheduler_pods_bound_total") == 0
     assert metric(b, "gpu_scheduler_leader") == 0
     for n in names:
-        assert len(_events(kube, namespace, n, "Scheduled")) == 1, n
+        assert len(pod_events(kube, namespace, n, "Scheduled")) == 1, n
     assert '"msg":"bound"' not in b.log_text()
 
     # The leader stops (SIGTERM releases the Lease): the standby takes over and binds.
@@ -346,7 +333,7 @@ def test_leader_whose_lease_is_taken_stops_binding_at_once_and_retakes_an_abando
 
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("s", f"0={node}:0", 1)))
     time.sleep(2)
-    current = _pod(kube, namespace, "s-0")
+    current = read_pod(kube, namespace, "s-0")
     assert current is not None
     assert not current["spec"].get("nodeName"), "a replica that lost its Lease bound a pod"
 
@@ -366,7 +353,7 @@ def test_event_series_updates_are_accepted_by_the_apiserver(
     cluster.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("ev", "0=nowhere:0", 1))
     )
-    target = wait_for(lambda: _pod(kube, namespace, "ev-0"), 30, what="pod ev-0")
+    target = wait_for(lambda: read_pod(kube, namespace, "ev-0"), 30, what="pod ev-0")
     rec = EventRecorder(client.EventsV1Api(kube), "gpu-scheduler", "test", refresh=0)
     rec.start()
     try:

@@ -63,6 +63,8 @@ def launch(
                 "POD_NAME": identity,
                 "POD_NAMESPACE": namespace,
                 "GPU_SCHEDULER_LOG_LEVEL": "DEBUG",
+                # No webhook in these tests: the scheduler-only install.
+                "GPU_SCHEDULER_REQUIRE_INJECTION": "false",
                 **env,
             },
             log_path=tmp_path / f"scheduler-{identity}.log",

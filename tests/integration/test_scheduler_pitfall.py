@@ -10,13 +10,7 @@ from kubernetes import client
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import statefulset, wait_for
-
-
-def _events(kube: Any, ns: str, pod: str, reason: str) -> list[dict[str, Any]]:
-    resp = client.CoreV1Api(kube).list_namespaced_event(
-        ns, field_selector=f"involvedObject.name={pod},reason={reason}", _preload_content=False
-    )
-    return list(json.loads(resp.data)["items"])
+from tests.support.kubeapi import pod_events
 
 
 def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
@@ -39,7 +33,7 @@ def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
         )
 
         warning = wait_for(
-            lambda: _events(kube, namespace, "dp-0", "GPUResourceRequested"), 60, what="pitfall event"
+            lambda: pod_events(kube, namespace, "dp-0", "GPUResourceRequested"), 60, what="pitfall event"
         )[0]
         assert warning["type"] == "Warning"
         assert "main" in warning["message"] and "renumbers them from 0" in warning["message"]
@@ -52,6 +46,6 @@ def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
             60,
             what="plain-0 bound",
         )
-        assert _events(kube, namespace, "plain-0", "GPUResourceRequested") == []
+        assert pod_events(kube, namespace, "plain-0", "GPUResourceRequested") == []
     finally:
         cluster.delete_node(node)

@@ -34,7 +34,7 @@ def _review(uid: str) -> bytes:
                 "namespace": "team",
                 "object": {
                     "metadata": {"name": "w-0", "annotations": {ANNOTATION: "0=node1:2\n"}},
-                    "spec": {"containers": [{"name": "main"}]},
+                    "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
                 },
             },
         }
@@ -94,7 +94,7 @@ def test_client_certificate_of_the_apiserver_is_required(
                     "namespace": namespace,
                     "annotations": {ANNOTATION: "0=node1:2\n"},
                 },
-                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]},
+                "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "busybox"}]},
             }
             cluster.apply(pod)
             env_of = json.loads(cluster.kubectl("get", "pod", "w-0", "-n", namespace, "-o", "json").stdout)[

@@ -1,1 +1,1 @@
-"""Helpers shared by the integration tests (no fixtures here: tests/integration/fixtures_*.py)."""
+"""Helpers shared by the unit and integration tests (no fixtures: plain functions)."""

@@ -1,0 +1,66 @@
+"""``gpu-scheduler-check``: prove that a pod got the node and the GPUs its map names.
+
+Subcommands (docs/dev-interfaces.md, docs/check.md):
+
+* ``once``: run the checks from the environment, one JSON line per check, exit 0/1;
+* ``serve``: the same every ``CHECK_INTERVAL_SECONDS``; ``/readyz`` answers 200
+  while the last run matched and 503 (with the failing checks) while it did not;
+* ``verify-release --namespace NS --selector SEL``: through the API, every
+  selected pod is Running on its mapped node with the mapped env;
+* ``http-get URL``: a small HTTP(S) probe for ``helm test`` pods.
+
+One module per program: ``once_serve.py`` (``once``, ``serve``; the checks
+themselves in ``podcheck.py``), ``verify_release.py``, ``probe.py``
+(``http-get``) and ``cli.py`` (the command line); ``settings.py`` and
+``results.py`` are shared.
+
+Every check is logged as one JSON object with ``check``, ``expected``,
+``actual``, ``ok`` (true, false, or null when skipped) and ``pod``.
+"""
+
+from __future__ import annotations
+
+from gpu_scheduling.check.cli import build_parser, main
+from gpu_scheduling.check.once_serve import _handler, _run_and_store, _State, cmd_once, cmd_serve
+from gpu_scheduling.check.podcheck import (
+    PCI_BUS_ID,
+    NvmlQuery,
+    env_results,
+    expected_env,
+    map_results,
+    nvml_results,
+    run_checks,
+)
+from gpu_scheduling.check.probe import cmd_http_get
+from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log_result, passed
+from gpu_scheduling.check.settings import MODES, Settings
+from gpu_scheduling.check.verify_release import PodRow, cmd_verify_release, evaluate_release
+
+__all__ = [
+    "EXIT_MISMATCH",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "MODES",
+    "PCI_BUS_ID",
+    "NvmlQuery",
+    "PodRow",
+    "Result",
+    "Settings",
+    "_State",
+    "_handler",
+    "_run_and_store",
+    "build_parser",
+    "cmd_http_get",
+    "cmd_once",
+    "cmd_serve",
+    "cmd_verify_release",
+    "env_results",
+    "evaluate_release",
+    "expected_env",
+    "log_result",
+    "main",
+    "map_results",
+    "nvml_results",
+    "passed",
+    "run_checks",
+]

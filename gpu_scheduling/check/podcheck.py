@@ -1,0 +1,128 @@
+"""The in-pod checks: map, ordinal, node, env, NVML (pure functions of the settings and NVML's report)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gpu_scheduling import nvml
+from gpu_scheduling.check.results import Result
+from gpu_scheduling.check.settings import MODES, Settings
+from gpu_scheduling.injection import desired_env
+from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
+from gpu_scheduling.schedmap import Entry, MapError, SchedulingMap, parse
+
+
+def expected_env(entry: Entry, mode: str) -> dict[str, str]:
+    """The variables the webhook sets for ``entry`` in injection ``mode`` (gpu_scheduling.injection)."""
+    return dict(desired_env(entry, "nvidia" if mode == "nvidia" else "cuda"))
+
+
+def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:
+    """One result per variable the mode requires: equal strings, nothing looser."""
+    return [
+        Result(f"env:{name}", want, env.get(name), env.get(name) == want, pod)
+        for name, want in expected_env(entry, mode).items()
+    ]
+
+
+def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
+    """The checks that need no GPU: map, ordinal, node, env. Returns the entry when one applies."""
+    pod = settings.pod
+    results: list[Result] = []
+    if settings.injection_mode not in MODES:
+        results.append(Result("mode", list(MODES), settings.injection_mode, False, pod))
+    if settings.map_text is None:
+        results.append(
+            Result("map", "a valid map", None, False, pod, {"detail": "GPU_SCHEDULING_MAP is not set"})
+        )
+        return results, None
+    try:
+        smap: SchedulingMap = parse(settings.map_text)
+    except MapError as err:
+        results.append(
+            Result(
+                "map",
+                "a valid map",
+                settings.map_text,
+                False,
+                pod,
+                {"problems": [str(p) for p in err.problems]},
+            )
+        )
+        return results, None
+    results.append(Result("map", "a valid map", smap.format().strip().replace("\n", "; "), True, pod))
+    labels = {POD_INDEX_LABEL: settings.pod_index} if settings.pod_index is not None else {}
+    ordinal = ordinal_of(settings.pod_name, labels)
+    entry = smap.get(ordinal) if ordinal is not None else None
+    results.append(
+        Result(
+            "ordinal",
+            f"an entry for the pod's ordinal (POD_INDEX={settings.pod_index!r}, POD_NAME={settings.pod_name!r})",
+            {"ordinal": ordinal, "entry": str(entry) if entry else None},
+            entry is not None,
+            pod,
+        )
+    )
+    if entry is None:
+        return results, None
+    results.append(Result("node", entry.node, settings.node_name, settings.node_name == entry.node, pod))
+    if settings.injection_mode in MODES:
+        env = {
+            "CUDA_VISIBLE_DEVICES": settings.cuda_visible_devices,
+            "CUDA_DEVICE_ORDER": settings.cuda_device_order,
+            "NVIDIA_VISIBLE_DEVICES": settings.nvidia_visible_devices,
+        }
+        results.extend(env_results(entry, settings.injection_mode, env, pod))
+    return results, entry
+
+
+def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlReport) -> list[Result]:
+    """Report NVML's GPUs; compare them with the entry when there is one."""
+    pod = settings.pod
+    if not report.available:
+        return [Result("nvml", None, None, None, pod, {"skipped": report.reason})]
+    results = [Result("nvml", None, report.to_json(), not report.errors, pod)]
+    if entry is None:
+        return results
+    isolated = settings.injection_mode == "nvidia" or settings.nvidia_visible_devices == entry.devices
+    if isolated:
+        # The container runtime exposes only the mapped GPUs: NVML must count exactly those.
+        results.append(
+            Result(
+                "nvml:count",
+                len(entry.gpus),
+                report.count,
+                report.count == len(entry.gpus),
+                pod,
+                {"why": "NVIDIA_VISIBLE_DEVICES isolates the mapped GPUs"},
+            )
+        )
+    if settings.injection_mode == "cuda":
+        # CUDA_VISIBLE_DEVICES holds physical indices: each must exist among NVML's GPUs.
+        missing = [g for g in entry.gpus if g >= report.count]
+        devices = [d.to_json() for g in entry.gpus if (d := report.by_index(g)) is not None]
+        results.append(
+            Result(
+                "nvml:indices",
+                list(entry.gpus),
+                {"count": report.count, "missing": missing},
+                not missing and len(devices) == len(entry.gpus),
+                pod,
+                {"devices": devices},
+            )
+        )
+    return results
+
+
+NvmlQuery = Callable[[], nvml.NvmlReport]
+
+
+def run_checks(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> list[Result]:
+    """Every check, in order: mode, map, ordinal, node, env, NVML."""
+    results, entry = map_results(settings)
+    try:
+        report = nvml_query()
+    except Exception as err:  # a crash in the NVML bindings must not take the check down
+        report = nvml.NvmlReport(True, errors=(f"NVML query failed: {err.__class__.__name__}: {err}",))
+    results.extend(nvml_results(settings, entry, report))
+    return results

@@ -1,0 +1,51 @@
+"""One check's result, how a run passes, and how results are logged (one JSON object each)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("gpu_scheduling.check")
+
+_RESERVED = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+EXIT_OK = 0
+EXIT_MISMATCH = 1
+EXIT_USAGE = 2
+
+
+@dataclass
+class Result:
+    """One check. ``ok`` is None when the check was skipped (``skipped`` says why)."""
+
+    check: str
+    expected: Any
+    actual: Any
+    ok: bool | None
+    pod: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "expected": self.expected,
+            "actual": self.actual,
+            "ok": self.ok,
+            "pod": self.pod,
+            **self.extra,
+        }
+
+
+def passed(results: Sequence[Result]) -> bool:
+    """True when no check failed (skipped checks do not fail a run)."""
+    return bool(results) and all(r.ok is not False for r in results)
+
+
+def log_result(result: Result, level: int | None = None) -> None:
+    if level is None:
+        level = logging.INFO if result.ok is not False else logging.WARNING
+    verdict = {True: "passed", False: "FAILED", None: "skipped"}[result.ok]
+    # logging refuses extra keys that name LogRecord attributes ("message", "name"...): suffix them.
+    extra = {(f"{k}_" if k in _RESERVED else k): v for k, v in result.to_json().items()}
+    log.log(level, f"check {result.check} {verdict}", extra=extra)

@@ -1,0 +1,30 @@
+"""Reading pods and events from the local control plane's apiserver, as API-shaped dicts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+from gpu_scheduling.kubeclient import ApiError, api_error
+
+
+def read_pod(kube: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The pod as the apiserver returns it (camelCase keys), None when it does not exist."""
+    try:
+        resp = client.CoreV1Api(kube).read_namespaced_pod(name, namespace, _preload_content=False)
+    except client.ApiException as err:
+        if api_error(err) is ApiError.NOT_FOUND:
+            return None
+        raise
+    return dict(json.loads(resp.data))
+
+
+def pod_events(kube: Any, namespace: str, pod: str, reason: str | None = None) -> list[dict[str, Any]]:
+    """core/v1 Events about ``pod`` (optionally of one ``reason``)."""
+    selector = f"involvedObject.name={pod}" + (f",reason={reason}" if reason else "")
+    resp = client.CoreV1Api(kube).list_namespaced_event(
+        namespace, field_selector=selector, _preload_content=False
+    )
+    return list(json.loads(resp.data)["items"])
