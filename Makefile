@@ -32,7 +32,7 @@ tools: ## Build the pinned control-plane binaries into $(GPU_SCHEDULER_CACHE)
 test: venv tools ## Run the whole test suite (unit + local control plane)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: venv ## Run only the tests that need no control plane
+test-unit: venv tools ## Run only the tests that need no control plane (the charts still need helm)
 	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy

@@ -14,164 +14,31 @@
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from localcluster.release import install_chart, uninstall
-
-REPO = Path(__file__).resolve().parents[2]
-SCHEDULER_CHART = REPO / "gpu-scheduler-chart"
-CHECK_CHART = REPO / "gpu-scheduler-check-chart"
-CHARTS = (SCHEDULER_CHART, CHECK_CHART)
-# The oldest (Chart.yaml kubeVersion) and the newest Kubernetes the charts are checked against.
-KUBE_VERSIONS = ("1.31.0", "1.37.0")
-HOOK_ANNOTATION = "helm.sh/hook"
-
-
-def helm_bin() -> str:
-    """The pinned helm built by tools/provision.sh; skips the test when it is not built yet."""
-    from localcluster.cluster import tool
-
-    try:
-        return str(tool("helm"))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-
-
-def ci_values(chart: Path) -> list[Path]:
-    return sorted((chart / "ci").glob("*-values.yaml"))
-
-
-def template(
-    chart: Path,
-    values_files: Sequence[Path] = (),
-    values: Mapping[str, Any] | None = None,
-    *,
-    release: str = "rel",
-    namespace: str = "gpu-ns",
-    kube_version: str = KUBE_VERSIONS[-1],
-    set_args: Sequence[str] = (),
-    extra: Sequence[str] = (),
-    tmp_dir: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """``helm template`` (never raises; see ``render``)."""
-    args = [
-        helm_bin(),
-        "template",
-        release,
-        str(chart),
-        "--namespace",
-        namespace,
-        "--kube-version",
-        kube_version,
-    ]
-    for f in values_files:
-        args += ["--values", str(f)]
-    tmp: Path | None = None
-    if values:
-        import tempfile
-
-        fd, name = tempfile.mkstemp(suffix=".yaml", dir=tmp_dir)
-        tmp = Path(name)
-        with open(fd, "w") as fh:
-            yaml.safe_dump(dict(values), fh)
-        args += ["--values", str(tmp)]
-    for s in set_args:
-        args += ["--set", s]
-    args += list(extra)
-    try:
-        return subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-
-
-def render(
-    chart: Path,
-    values_files: Sequence[Path] = (),
-    values: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """The manifests ``helm template`` renders (hooks included), failing the test with
-    helm's message when it cannot render."""
-    res = template(chart, values_files, values, **kwargs)
-    if res.returncode != 0:
-        pytest.fail(f"helm template {chart.name} failed:\n{res.stderr}")
-    return [d for d in yaml.safe_load_all(res.stdout) if d]
-
-
-def is_hook(doc: Mapping[str, Any]) -> bool:
-    return HOOK_ANNOTATION in ((doc.get("metadata") or {}).get("annotations") or {})
-
-
-def find(docs: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
-    return [
-        dict(d)
-        for d in docs
-        if d.get("kind") == kind and (name is None or d.get("metadata", {}).get("name") == name)
-    ]
-
-
-def one(docs: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = find(docs, kind, name)
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
-    return found[0]
-
-
-def pod_spec(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The pod spec of a Pod, Deployment or StatefulSet."""
-    if doc["kind"] == "Pod":
-        return dict(doc["spec"])
-    return dict(doc["spec"]["template"]["spec"])
-
-
-# ---------------------------------------------------------------- helm test hooks
-@dataclass(frozen=True)
-class HookCommand:
-    """One container of a ``helm test`` hook pod."""
-
-    pod: str
-    container: str
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    weight: int = 0
-
-    def replace(self, old: str, new: str) -> list[str]:
-        """argv with ``old`` replaced by ``new`` in every argument (e.g. an in-cluster
-        Service URL by the host process's http://127.0.0.1:PORT)."""
-        return [a.replace(old, new) for a in self.argv]
-
-
-def hook_commands_from_manifest(text: str, hook: str = "test") -> list[HookCommand]:
-    """The containers of the hook Pods (``helm.sh/hook`` containing ``hook``) in a
-    multi-document manifest, ordered by ``helm.sh/hook-weight`` then name."""
-    out: list[HookCommand] = []
-    for doc in yaml.safe_load_all(text):
-        if not doc or doc.get("kind") != "Pod":
-            continue
-        annotations = doc.get("metadata", {}).get("annotations") or {}
-        hooks = [h.strip() for h in str(annotations.get(HOOK_ANNOTATION, "")).split(",")]
-        if hook not in hooks:
-            continue
-        weight = int(annotations.get("helm.sh/hook-weight", 0))
-        for c in doc["spec"].get("containers", []):
-            env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-            out.append(
-                HookCommand(
-                    pod=doc["metadata"]["name"],
-                    container=c["name"],
-                    argv=[*c.get("command", []), *c.get("args", [])],
-                    env=env,
-                    weight=weight,
-                )
-            )
-    return sorted(out, key=lambda h: (h.weight, h.pod, h.container))
+from tests.support.charts import (  # noqa: F401 (re-exported for the integration tests)
+    CHARTS,
+    CHECK_CHART,
+    HOOK_ANNOTATION,
+    KUBE_VERSIONS,
+    REPO,
+    SCHEDULER_CHART,
+    HookCommand,
+    ci_values,
+    find,
+    helm_bin,
+    hook_commands_from_manifest,
+    is_hook,
+    one,
+    pod_spec,
+    render,
+    template,
+)
 
 
 def hook_commands(cluster: Any, release: str, namespace: str, hook: str = "test") -> list[HookCommand]:

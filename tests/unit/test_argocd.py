@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.fixtures_chart import CHECK_CHART, SCHEDULER_CHART, ci_values, is_hook, render
+from tests.support.charts import CHECK_CHART, SCHEDULER_CHART, ci_values, is_hook, render
 
 ARGOCD = Path(__file__).resolve().parents[2] / "argocd"
 APPSETS = {

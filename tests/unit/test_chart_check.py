@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduling.schedmap import ANNOTATION, parse
-from tests.integration.fixtures_chart import (
+from tests.support.charts import (
     CHECK_CHART,
     KUBE_VERSIONS,
     ci_values,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.fixtures_chart import (
+from tests.support.charts import (
     KUBE_VERSIONS,
     SCHEDULER_CHART,
     ci_values,

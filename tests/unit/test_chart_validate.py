@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.integration.fixtures_chart import (
+from tests.support.charts import (
     CHARTS,
     CHECK_CHART,
     KUBE_VERSIONS,
@@ -105,7 +105,7 @@ def tool_env() -> dict[str, str]:
 
 
 def test_helm_lint_strict_every_scenario() -> None:
-    from tests.integration.fixtures_chart import helm_bin
+    from tests.support.charts import helm_bin
 
     helm = helm_bin()
     for chart, values_file in SCENARIOS:
@@ -145,7 +145,7 @@ def test_ct_lint_passes() -> None:
 
 
 def test_packaged_charts_hold_no_ci_scenarios(tmp_path: Path) -> None:
-    from tests.integration.fixtures_chart import helm_bin
+    from tests.support.charts import helm_bin
 
     for chart in (SCHEDULER_CHART, CHECK_CHART):
         res = subprocess.run(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.fixtures_chart import CHECK_CHART, SCHEDULER_CHART, ci_values, render
+from tests.support.charts import CHECK_CHART, SCHEDULER_CHART, ci_values, render
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
