@@ -23,7 +23,6 @@ from __future__ import annotations
 from gpu_scheduling.check.cli import build_parser, main
 from gpu_scheduling.check.once_serve import _handler, _run_and_store, _State, cmd_once, cmd_serve
 from gpu_scheduling.check.podcheck import (
-    PCI_BUS_ID,
     NvmlQuery,
     env_results,
     expected_env,
@@ -35,6 +34,7 @@ from gpu_scheduling.check.probe import cmd_http_get
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log_result, passed
 from gpu_scheduling.check.settings import MODES, Settings
 from gpu_scheduling.check.verify_release import PodRow, cmd_verify_release, evaluate_release
+from gpu_scheduling.injection import PCI_BUS_ID
 
 __all__ = [
     "EXIT_MISMATCH",
