@@ -270,34 +270,44 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _key_usage(*, ca: bool, key_encipherment: bool = False) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a serving certificate signs handshakes (and, RSA, enciphers keys)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: PrivateKey, not_after: dt.datetime
+) -> x509.CertificateBuilder:
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - BACKDATE)
+        .not_valid_after(not_after)
+    )
+
+
 def make_ca(
     key: PrivateKey, days: int = DEFAULT_CA_DAYS, common_name: str = "gpu-scheduler-webhook-ca"
 ) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - BACKDATE)
-        .not_valid_after(_now() + dt.timedelta(days=days))
+        _builder(name, name, key, _now() + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -331,29 +341,11 @@ def make_serving_cert(
     # would; this only takes off the moments between making the CA and this certificate).
     not_after = min(_now() + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
     rsa_key = isinstance(key, rsa.RSAPrivateKey)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     return (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - BACKDATE)
-        .not_valid_after(not_after)
+        _builder(subject, ca_cert.subject, key, not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=rsa_key,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False, key_encipherment=rsa_key), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)

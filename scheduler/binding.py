@@ -66,23 +66,23 @@ class PodWriter:
         self._core = core
         self._field_manager = field_manager
 
+    @staticmethod
+    def _raw(call: Any, *args: Any, **kwargs: Any) -> Any:
+        """An API call whose answer we read ourselves (``_preload_content=False``), with our timeout.
+
+        The client cannot deserialise some answers (the Binding it gets back: a
+        long-standing client bug), and reading raw JSON is cheaper anyway.
+        """
+        return call(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
+
     def recreate(self, pod: Mapping[str, Any]) -> bool:
         """Delete the pod (only this UID); False when it was already gone or replaced."""
         view, name, namespace = _named(pod)
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=view.uid or None))
         try:
-            resp = self._core.delete_namespaced_pod(
-                name,
-                namespace,
-                body=body,
-                _preload_content=False,
-                _request_timeout=TIMEOUT,
-            )
+            resp = self._raw(self._core.delete_namespaced_pod, name, namespace, body=body)
         except ApiException as err:
-            if api_error(err) in (
-                ApiError.NOT_FOUND,
-                ApiError.CONFLICT,
-            ):  # gone, or another pod of that name now
+            if api_error(err) in (ApiError.NOT_FOUND, ApiError.CONFLICT):  # gone, or another pod of that name
                 return False
             raise
         discard(resp)
@@ -95,15 +95,12 @@ class PodWriter:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            # _preload_content=False: the client cannot deserialise the Binding
-            # the apiserver answers with (a long-standing client bug).
-            resp = self._core.create_namespaced_pod_binding(
+            resp = self._raw(
+                self._core.create_namespaced_pod_binding,
                 name,
                 namespace,
                 body,
                 field_manager=self._field_manager,
-                _preload_content=False,
-                _request_timeout=TIMEOUT,
             )
             discard(resp)
             return BindResult(BindOutcome.BOUND, node)
@@ -115,11 +112,7 @@ class PodWriter:
                 raise
         # 409: already bound, or the UID precondition failed. Look at the pod once.
         try:
-            current = read_json(
-                self._core.read_namespaced_pod(
-                    name, namespace, _preload_content=False, _request_timeout=TIMEOUT
-                )
-            )
+            current = read_json(self._raw(self._core.read_namespaced_pod, name, namespace))
         except ApiException as err:
             if api_error(err) is ApiError.NOT_FOUND:
                 return BindResult(BindOutcome.GONE)
@@ -151,13 +144,12 @@ class PodWriter:
                 ]
             }
         }
-        resp = self._core.patch_namespaced_pod_status(
+        resp = self._raw(
+            self._core.patch_namespaced_pod_status,
             name,
             namespace,
             body,
             field_manager=self._field_manager,
             _content_type=STRATEGIC_PATCH,
-            _preload_content=False,
-            _request_timeout=TIMEOUT,
         )
         discard(resp)
