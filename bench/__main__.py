@@ -6,6 +6,7 @@ Environment:
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
   one repetition: what ``make test`` runs);
 * ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
+* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3; smoke 1);
 * ``BENCH_WORKDIR``: the control plane, logs, results.json and the profile
   (default .cluster/bench).
 
@@ -15,6 +16,7 @@ a webhook run without its variables); timings never change the exit status.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -35,6 +37,12 @@ def main() -> int:
         [f"BENCH_SCALE={name}", "python", "-m", "bench", *sys.argv[1:]]
     )
     scale = SCALES[name]
+    reps = os.environ.get("BENCH_REPS", "").strip()
+    if reps:
+        if not reps.isdigit() or int(reps) < 1:
+            print(f"BENCH_REPS={reps!r}: a whole number >= 1", file=sys.stderr)
+            return 2
+        scale = dataclasses.replace(scale, reps=int(reps))
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]

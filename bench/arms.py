@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class Run:
     p50: float
     p99: float
     problems: list[str] = field(default_factory=list)
+    # CPU seconds each process spent during the timed part (component -> s).
+    cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:
@@ -131,6 +134,7 @@ def run_bind_arm(
     create_threads: int,
     bind_threads: int,
     timeout: float,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> Run:
     """Create ``pods`` in ``namespace`` (fresh, empty) and wait until all are bound."""
     nodes = {p.name: p.node for p in pods}
@@ -143,6 +147,8 @@ def run_bind_arm(
             pending.put((name, nodes[name]))
 
     watch = PodWatch(raw, namespace, on_added=on_added).start()
+    cpu_before = cpu() if cpu else {}
+    cpu_used: dict[str, float] = {}
     try:
         if arm == "L":
             bind = binder(raw, namespace)
@@ -165,6 +171,8 @@ def run_bind_arm(
             raise ApiError(
                 f"{ARM_NAMES[arm]}: only {len(watch.bound)} of {len(pods)} pods bound within {timeout:.0f} s"
             )
+        if cpu:
+            cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu().items()}
         last = max(watch.bound.values())
         origin = bind_sent if arm == "C" else watch.seen
         latencies = [watch.bound[n] - origin[n] for n in nodes]
@@ -183,6 +191,7 @@ def run_bind_arm(
         percentile(latencies, 50),
         percentile(latencies, 99),
     )
+    run.cpu = cpu_used
     run.problems = check_placement(raw, namespace, pods)
     return run
 
@@ -230,10 +239,13 @@ def run_create_arm(
     namespace: str,
     *,
     create_threads: int,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> Run:
     """Pod-create throughput into a namespace with or without the mutating webhook."""
     sent: dict[str, float] = {}
+    cpu_before = cpu() if cpu else {}
     start, end = run_parallel(create_threads, creator(raw, namespace, sent), pods)
+    cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu().items()} if cpu else {}
     durations = list(sent.values())
     arm = "W+" if webhook else "W-"
     run = Run(
@@ -246,6 +258,7 @@ def run_create_arm(
         percentile(durations, 50),
         percentile(durations, 99),
     )
+    run.cpu = cpu_used
     run.problems = check_injection(raw, namespace, pods, webhook)
     return run
 

@@ -178,8 +178,13 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
         if self._resp is not None:
-            self._resp.release_conn()
+            # Shut the socket down first: that wakes the watch thread blocked in a read (closing
+            # the response from this thread would wait for that read). Then close the
+            # connection and give its (closed) slot back to the pool.
+            self._resp.shutdown()
+            self._thread.join(timeout=10)
             self._resp.close()
+            self._resp.release_conn()
 
 
 def run_parallel(threads: int, fn: Callable[[Any], Any], items: Iterable[Any]) -> tuple[float, float]:

@@ -186,6 +186,43 @@ def memory_table(results: Results, scale: Scale) -> str:
     return text
 
 
+COMPONENTS = (
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "gpu-scheduler",
+    "gpu-scheduler-webhook",
+    "bench client",
+)
+
+
+def cpu_table(results: Results, scale: Scale) -> str:
+    """CPU milliseconds per pod of every component during the timed part, medians over repetitions."""
+    head = "| plan | arm | " + " | ".join(COMPONENTS) + " | total |"
+    lines = [head, "|---" * (len(COMPONENTS) + 3) + "|"]
+    rows: list[tuple[str, str, list[Run]]] = [
+        (plan.label, f"{arm}: {ARM_NAMES[arm]}", runs_of(results, arm, plan.key))
+        for plan in scale.plans
+        for arm in ARMS
+    ]
+    rows += [
+        (f"{scale.webhook_pods} creates, map of {e}", f"webhook {label}", runs_of(results, arm, f"map{e}"))
+        for e in scale.webhook_maps
+        for arm, label in (("W-", "off"), ("W+", "on"))
+    ]
+    for where, arm_label, runs in rows:
+        if not runs or not runs[0].cpu:
+            continue
+        per = [_med([1000 * r.cpu.get(c, 0.0) / r.pods for r in runs]) for c in COMPONENTS]
+        total = _med([1000 * sum(r.cpu.values()) / r.pods for r in runs])
+        lines.append(
+            f"| {where} | {arm_label} | " + " | ".join(f"{v:.1f}" for v in per) + f" | {total:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def profile_section(results: Results) -> str:
     prof = results.profile
     if not prof:
@@ -196,8 +233,8 @@ def profile_section(results: Results) -> str:
     total = prof["samples"] or 1
     out = [
         f"One extra gpu-scheduler run ({prof['plan']}: {run.get('throughput', 0):.1f} pods/s under the sampler) "
-        f"was sampled with `{prof['tool']}` on the scheduler's PID: {prof['samples']} samples of busy threads "
-        "(idle threads are not sampled; 100 samples = 1 s of one thread on a CPU). Raw stacks: "
+        f"was sampled with `{prof['tool']}` on the scheduler's PID: {prof['samples']} samples of the thread "
+        "holding the GIL (waiting threads are not sampled; 100 samples = 1 s of Python running). Raw stacks: "
         f"`{Path(prof.get('raw_file', '')).name}` in the run's work directory.",
         "",
         "Self samples by area (the leaf frame's package; `scheduler/…` is the project's own code):",
@@ -327,7 +364,17 @@ carries `CUDA_VISIBLE_DEVICES` of its entry, without it none.
 
 {memory_table(results, scale)}
 
-## Where the time goes (scheduler profile)
+## Where the time goes
+
+### CPU per pod, by process
+
+CPU time (utime + stime from `/proc/PID/stat`, children included) each process spent during the
+timed part of a run, divided by the pods of the run, in milliseconds (median over the repetitions).
+On 2 cores, the sum is what bounds the throughput: 2,000 ms of CPU per second are to be shared.
+
+{cpu_table(results, scale)}
+
+### The scheduler's own profile
 
 {profile_section(results)}
 """

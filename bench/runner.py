@@ -131,22 +131,39 @@ def machine() -> dict[str, Any]:
 
 def rss_mib(pid: int) -> float:
     """VmRSS of ``pid`` and every descendant (gunicorn's master and workers), in MiB."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    total_kib, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
+    total_kib = 0
+    for p in [pid, *descendants(pid)]:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total_kib += int(line.split()[1])
     return round(total_kib / 1024, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants that are alive now (gunicorn workers), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
 
 
 class Bench:
@@ -265,7 +282,7 @@ class Bench:
         self.raw.post("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config)
         probe_ns = "b-webhook-probe"
         create_namespace(self.raw, probe_ns, {WEBHOOK_LABEL: "on"})
-        probe = webhook_pods(1, 1, 1)[0]
+        probe = webhook_pods(1, 1)[0]
         deadline = time.monotonic() + 60
         while True:
             pod = self.raw.request(
@@ -287,6 +304,14 @@ class Bench:
             self.cluster.stop()
 
     # -- arms -------------------------------------------------------------------------------
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of every component, and of this harness ("bench client")."""
+        assert self.cluster is not None
+        out = {name: cpu_seconds(proc.pid) for name, proc in self.cluster.procs.items()}
+        times = os.times()
+        out["bench client"] = times.user + times.system
+        return out
 
     def namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
         assert self.raw is not None
@@ -319,6 +344,7 @@ class Bench:
                 create_threads=self.scale.create_threads,
                 bind_threads=self.scale.bind_threads,
                 timeout=self.scale.timeout,
+                cpu=self.cpu,
             )
             if measure_memory:
                 time.sleep(2)
@@ -341,15 +367,21 @@ class Bench:
 
     def webhook_arms(self) -> None:
         assert self.raw is not None and self.webhook is not None
-        nodes = self.scale.groups[0][0]
         for rep in range(self.scale.reps):
             for entries in self.scale.webhook_maps:
-                pods = webhook_pods(self.scale.webhook_pods, entries, nodes)
+                pods = webhook_pods(self.scale.webhook_pods, entries)
                 for on in (False, True) if rep % 2 == 0 else (True, False):
                     ns = self.namespace(f"wh{entries}", {WEBHOOK_LABEL: "on" if on else "off"})
                     try:
                         run = arms.run_create_arm(
-                            self.raw, on, entries, rep, pods, ns, create_threads=self.scale.create_threads
+                            self.raw,
+                            on,
+                            entries,
+                            rep,
+                            pods,
+                            ns,
+                            create_threads=self.scale.create_threads,
+                            cpu=self.cpu,
                         )
                     finally:
                         delete_pods(self.raw, ns)
@@ -364,7 +396,7 @@ class Bench:
         plan = max(self.scale.plans, key=lambda p: (p.pods, p.nodes, p.per_node))
         out = self.workdir / "profile.txt"
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        info: dict[str, Any] = {"plan": plan.label, "tool": "py-spy record --format raw --rate 100"}
+        info: dict[str, Any] = {"plan": plan.label, "tool": "py-spy record --gil --format raw --rate 100"}
         proc = subprocess.Popen(
             [
                 spy,
@@ -455,6 +487,7 @@ def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
     }
 
 
+_THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
     ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),

@@ -131,17 +131,27 @@ def bind_pods(plan: Plan, *, scheduler_name: str, pin: bool) -> list[PodSpec]:
     return out
 
 
-def webhook_pods(pods: int, entries: int, nodes: int) -> list[PodSpec]:
+# Node names of the webhook arm's maps: a map may not give one node:GPU twice, so a
+# 3,000-entry map needs more names than nodes exist; the webhook never looks them up.
+WEBHOOK_MAP_NODES = 1000
+
+
+def webhook_pods(pods: int, entries: int) -> list[PodSpec]:
     """``pods`` pending pods sharing one map of ``entries`` lines, ordinals cycling over the map.
 
     They carry no GPU variables (the webhook adds them) and name a scheduler nobody serves.
     """
-    lines = [f"{k}={node_name(k % nodes)}:{(k // nodes) % GPUS_PER_NODE}" for k in range(entries)]
+    n = WEBHOOK_MAP_NODES
+
+    def place(k: int) -> tuple[str, int]:
+        return node_name(k % n), k // n
+
+    lines = ["{}={}:{}".format(k, *place(k)) for k in range(entries)]
     text = "\n".join(lines) + "\n"
     out = []
     for i in range(pods):
         k = i % entries
-        node, gpu = node_name(k % nodes), (k // nodes) % GPUS_PER_NODE
+        node, gpu = place(k)
         out.append(
             PodSpec(f"p-{i}", node, gpu, pod_body(f"p-{i}", k, "wh", text, scheduler_name=NOBODY, env=None))
         )
