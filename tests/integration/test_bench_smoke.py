@@ -28,6 +28,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     env = {**os.environ, "BENCH_SCALE": "smoke", "BENCH_DOC": str(doc), "BENCH_WORKDIR": str(workdir)}
     res = subprocess.run(
         [sys.executable, "-m", "bench"],
+        check=False,
         env=env,
         capture_output=True,
         text=True,
@@ -41,14 +42,20 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     runs = results["runs"]
     # Every run passed its read-back: each pod on its mapped node with its GPU, no GPU twice,
     # and the webhook's variables present exactly when the webhook was on.
-    assert runs and all(r["correct"] and not r["problems"] for r in runs), [r for r in runs if not r["correct"]]
+    assert runs and all(r["correct"] and not r["problems"] for r in runs), [
+        r for r in runs if not r["correct"]
+    ]
     measured = [r for r in runs if r["rep"] >= 0]
     bind = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ARMS}
     assert bind == {(arm, plan.key) for arm in ARMS for plan in scale.plans}
     create = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ("W+", "W-")}
     assert create == {(arm, f"map{e}") for arm in ("W+", "W-") for e in scale.webhook_maps}
     for r in measured:
-        want = scale.webhook_pods if r["arm"] in ("W+", "W-") else next(p.pods for p in scale.plans if p.key == r["plan"])
+        want = (
+            scale.webhook_pods
+            if r["arm"] in ("W+", "W-")
+            else next(p.pods for p in scale.plans if p.key == r["plan"])
+        )
         assert r["pods"] == want and r["throughput"] > 0 and r["p99"] >= r["p50"] >= 0, r
 
     memory = results["memory"]
