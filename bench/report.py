@@ -233,8 +233,9 @@ def profile_section(results: Results) -> str:
     total = prof["samples"] or 1
     out = [
         f"One extra gpu-scheduler run ({prof['plan']}: {run.get('throughput', 0):.1f} pods/s under the sampler) "
-        f"was sampled with `{prof['tool']}` on the scheduler's PID: {prof['samples']} samples of the thread "
-        "holding the GIL (waiting threads are not sampled; 100 samples = 1 s of Python running). Raw stacks: "
+        f"was sampled with `{prof['tool']}` on the scheduler's PID: {prof['samples']} samples of running "
+        f"threads (100 samples = 1 s of one thread; {prof.get('waiting', 0)} samples of threads blocked in a "
+        "lock, a TLS read or a poll are left out: a blocked thread costs no CPU). Raw stacks: "
         f"`{Path(prof.get('raw_file', '')).name}` in the run's work directory.",
         "",
         "Self samples by area (the leaf frame's package; `scheduler/…` is the project's own code):",

@@ -396,7 +396,7 @@ class Bench:
         plan = max(self.scale.plans, key=lambda p: (p.pods, p.nodes, p.per_node))
         out = self.workdir / "profile.txt"
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        info: dict[str, Any] = {"plan": plan.label, "tool": "py-spy record --gil --format raw --rate 100"}
+        info: dict[str, Any] = {"plan": plan.label, "tool": "py-spy record --format raw --rate 100"}
         proc = subprocess.Popen(
             [
                 spy,
@@ -458,7 +458,7 @@ def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
     self_counts: dict[str, int] = {}
     incl_counts: dict[str, int] = {}
     areas: dict[str, int] = {}
-    total = 0
+    total = waiting = 0
     for line in text.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
@@ -469,6 +469,9 @@ def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
         if not frames:
             continue
         leaf = frames[-1]
+        if leaf.startswith(_WAITING):
+            waiting += count
+            continue
         self_counts[leaf] = self_counts.get(leaf, 0) + count
         for frame in set(frames):
             incl_counts[frame] = incl_counts.get(frame, 0) + count
@@ -478,15 +481,27 @@ def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
         return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
 
     return {
-        "samples": total,
+        "samples": total - waiting,
+        "waiting": waiting,
         "self": ranked(self_counts),
-        "inclusive": ranked(
-            {k: v for k, v in incl_counts.items() if not k.startswith(("_bootstrap", "run (threading"))}
-        ),
+        "inclusive": ranked({k: v for k, v in incl_counts.items() if not k.startswith(_THREAD_FRAMES)}),
         "areas": ranked(areas),
     }
 
 
+# Leaf frames of a thread that is blocked, not running: left out of the counts (py-spy's own
+# idle detection misses waits on locks and TLS reads).
+_WAITING = (
+    "Condition.wait ",
+    "Event.wait ",
+    "SSLSocket.read ",
+    "SSLSocket.recv",
+    "_PollLikeSelector.select ",
+    "poll_wait_for_socket.",
+    "Lock.acquire",
+    "sleep ",
+    "socket.accept",
+)
 _THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
