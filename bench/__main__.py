@@ -10,6 +10,9 @@ Environment:
 * ``BENCH_WORKDIR``: the control plane, logs, results.json and the profile
   (default .cluster/bench).
 
+``python -m bench --report-only`` writes the report again from the work directory's
+results.json (no measurement), e.g. after a change to bench/report.py.
+
 Exit status 1 when a correctness check failed (a pod off its mapped node, a GPU held twice,
 a webhook run without its variables); timings never change the exit status.
 """
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 
 from bench.report import report
-from bench.runner import REPO, SCALES, Bench, log
+from bench.runner import REPO, SCALES, Bench, Results, log
 
 
 def main() -> int:
@@ -37,6 +40,13 @@ def main() -> int:
         [f"BENCH_SCALE={name}", "python", "-m", "bench", *sys.argv[1:]]
     )
     scale = SCALES[name]
+    if sys.argv[1:] == ["--report-only"]:
+        results = Results.from_json((workdir / "results.json").read_text())
+        scale = SCALES[results.scale]
+        if results.runs:
+            scale = dataclasses.replace(scale, reps=1 + max(r.rep for r in results.runs))
+        report(results, scale, doc)
+        return 0
     reps = os.environ.get("BENCH_REPS", "").strip()
     if reps:
         if not reps.isdigit() or int(reps) < 1:

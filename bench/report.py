@@ -344,7 +344,9 @@ pods are created (the ceiling for anything that, like A and B, competes with the
 
 Bare pods (no StatefulSet: the controller's own pace stays out of the numbers), each carrying its
 workload's whole map and the variables the webhook would inject, created by {scale.create_threads}
-threads for every arm. Throughput: pods / (first create sent .. last pod seen bound on a pod
+threads for every arm. A plan of P pods on N nodes with R per node is cut into workloads of at
+most N*R replicas (replica k of workload w on node k//R+1 with GPU w*R + k%R), so every pod's map
+has min(P, N*R) entries (at 100 nodes and 500 pods: 100 entries at 1/node, 500 at 5/node). Throughput: pods / (first create sent .. last pod seen bound on a pod
 watch). Latency: per pod, the watch's arrival time of "bound" minus that of "created" (C: minus
 the time its Binding was sent). After every run the pods are read back: each on its mapped node
 with its mapped GPU, and no node:GPU held twice among all the benchmark's pods.

@@ -95,6 +95,12 @@ class Results:
     duration_s: float = 0.0
     load_end: str = ""
 
+    @classmethod
+    def from_json(cls, text: str) -> Results:
+        doc = json.loads(text)
+        runs = [Run(**{k: v for k, v in r.items() if k != "correct"}) for r in doc.pop("runs")]
+        return cls(**doc, runs=runs)
+
     def to_json(self) -> str:
         doc = asdict(self)
         for run, item in zip(self.runs, doc["runs"], strict=True):
