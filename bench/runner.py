@@ -247,9 +247,14 @@ class Bench:
         assert self.cluster is not None and self.raw is not None
         self.webhook_certs = make_certs(self.workdir / "webhook-certs")
         port = free_port()
-        # No kubeconfig: /mutate needs no API access (node look-ups belong to /validate).
+        # No kubeconfig: /mutate needs no API access (node look-ups belong to /validate). The
+        # webhook injects only into pods of its scheduler's name: here one that nobody runs, so
+        # the create arms' pods stay pending and the gpu-scheduler never sees them.
         self.webhook = run_webhook(
-            self.webhook_certs, port, env={"KUBECONFIG": ""}, log_path=self.workdir / "logs" / "webhook.log"
+            self.webhook_certs,
+            port,
+            env={"KUBECONFIG": "", "WEBHOOK_SCHEDULER_NAME": NOBODY},
+            log_path=self.workdir / "logs" / "webhook.log",
         )
         self.cluster.adopt("gpu-scheduler-webhook", self.webhook)
         time.sleep(1)
