@@ -17,6 +17,7 @@ Order (each step on the same control plane, so the ratios compare like with like
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -172,6 +173,28 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Path:
+    """A token of the scheduler's least-privilege ServiceAccount, as the integration tests make it.
+
+    Where the tests render the chart's own RBAC (``tests.support.rbac``) that is used; else
+    the rules listed in ``tests/integration/fixtures_scheduler.py``. Looked up at run time
+    (importlib), so the harness follows whichever the checkout has.
+    """
+    try:
+        rbac: Any = importlib.import_module("tests.support.rbac")
+    except ImportError:
+        fixtures: Any = importlib.import_module("tests.integration.fixtures_scheduler")
+        cluster.apply(fixtures.rbac_manifests(namespace, "gpu-scheduler-bench"))
+        return cluster.service_account_kubeconfig(namespace, fixtures.SCHEDULER_SA)
+    fixtures = importlib.import_module("tests.integration.fixtures_scheduler")
+    objects = rbac.render_rbac(
+        cluster, "gpu-scheduler-bench", namespace, "scheduler", fixtures.scheduler_chart_values()
+    )
+    cluster.apply(objects)
+    (sa,) = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
+    return cluster.service_account_kubeconfig(namespace, sa)
+
+
 class Bench:
     def __init__(self, scale: Scale, workdir: Path, command: str) -> None:
         self.scale = scale
@@ -206,12 +229,9 @@ class Bench:
         log(f"{count} nodes Ready ({time.monotonic() - t0:.1f} s)")
 
     def start_scheduler(self) -> None:
-        from tests.integration.fixtures_scheduler import rbac_manifests
-
         assert self.cluster is not None and self.raw is not None
         create_namespace(self.raw, SYSTEM_NS)
-        self.cluster.apply(rbac_manifests(SYSTEM_NS, "gpu-scheduler-bench"))
-        kubeconfig = self.cluster.service_account_kubeconfig(SYSTEM_NS, "gpu-scheduler")
+        kubeconfig = scheduler_kubeconfig(self.cluster, SYSTEM_NS)
         # The production settings (INFO logs, leader election, 4 workers, injection required).
         self.scheduler = run_scheduler(
             kubeconfig,
