@@ -1,0 +1,68 @@
+"""``python -m bench`` (``make bench``): see bench/runner.py for what runs, in which order.
+
+Environment:
+
+* ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; under 15 minutes on 2 cores),
+  ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
+  one repetition: what ``make test`` runs);
+* ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
+* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3; smoke 1);
+* ``BENCH_WORKDIR``: the control plane, logs, results.json and the profile
+  (default .cluster/bench).
+
+``python -m bench --report-only`` writes the report again from the work directory's
+results.json (no measurement), e.g. after a change to bench/report.py.
+
+Exit status 1 when a correctness check failed (a pod off its mapped node, a GPU held twice,
+a webhook run without its variables); timings never change the exit status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from bench.report import report
+from bench.runner import REPO, SCALES, Bench, Results, log
+
+
+def main() -> int:
+    name = os.environ.get("BENCH_SCALE", "default").strip() or "default"
+    if name not in SCALES:
+        print(f"BENCH_SCALE={name!r}: choose one of {', '.join(SCALES)}", file=sys.stderr)
+        return 2
+    doc = Path(os.environ.get("BENCH_DOC") or REPO / "docs" / "benchmarks.md").resolve()
+    workdir = Path(os.environ.get("BENCH_WORKDIR") or REPO / ".cluster" / "bench").resolve()
+    command = os.environ.get("BENCH_COMMAND") or shlex.join(
+        [f"BENCH_SCALE={name}", "python", "-m", "bench", *sys.argv[1:]]
+    )
+    scale = SCALES[name]
+    if sys.argv[1:] == ["--report-only"]:
+        results = Results.from_json((workdir / "results.json").read_text())
+        scale = SCALES[results.scale]
+        if results.runs:
+            scale = dataclasses.replace(scale, reps=1 + max(r.rep for r in results.runs))
+        report(results, scale, doc)
+        return 0
+    reps = os.environ.get("BENCH_REPS", "").strip()
+    if reps:
+        if not reps.isdigit() or int(reps) < 1:
+            print(f"BENCH_REPS={reps!r}: a whole number >= 1", file=sys.stderr)
+            return 2
+        scale = dataclasses.replace(scale, reps=int(reps))
+    results = Bench(scale, workdir, command).run()
+    report(results, scale, doc)
+    wrong = [r for r in results.runs if not r.correct]
+    log(f"wrote {doc} and {doc.with_suffix('.png')}; results in {workdir / 'results.json'}")
+    if wrong:
+        for r in wrong:
+            log(f"INCORRECT {r.arm} {r.plan} rep {r.rep}: {'; '.join(r.problems[:5])}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""The ratios table (printed), docs/benchmarks.md and its plot, from one run's results."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.arms import ARM_NAMES, ARMS, Run
+from bench.runner import Results, Scale
+from localcluster.cluster import versions
+
+
+def _med(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    if not values:
+        return "—"
+    return f"{fmt.format(min(values))} / {fmt.format(_med(values))} / {fmt.format(max(values))}"
+
+
+def _ms(values: list[float]) -> str:
+    return _spread([v * 1000 for v in values], "{:.0f}")
+
+
+def runs_of(results: Results, arm: str, plan: str) -> list[Run]:
+    return [r for r in results.runs if r.arm == arm and r.plan == plan and r.rep >= 0]
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
+    """(what, scale, value, target) rows, from medians of the repetitions."""
+    rows: list[tuple[str, str, float, str]] = []
+    for plan in scale.plans:
+        tp = {arm: _med([r.throughput for r in runs_of(results, arm, plan.key)]) for arm in ARMS}
+        p99 = {arm: _med([r.p99 for r in runs_of(results, arm, plan.key)]) for arm in ARMS}
+        big = plan.nodes >= 1000 and plan.pods >= 3000
+        rows += [
+            (
+                "throughput A/C (gpu-scheduler / raw Binding, existing pods)",
+                plan.label,
+                _ratio(tp["A"], tp["C"]),
+                ">= 0.8",
+            ),
+            (
+                "throughput A/L (gpu-scheduler / raw Binding while created)",
+                plan.label,
+                _ratio(tp["A"], tp["L"]),
+                "",
+            ),
+            (
+                "throughput A/B (gpu-scheduler / kube-scheduler)",
+                plan.label,
+                _ratio(tp["A"], tp["B"]),
+                ">= 1.5" if big else "",
+            ),
+            (
+                "p99 create-to-bound A/B (lower is better)",
+                plan.label,
+                _ratio(p99["A"], p99["B"]),
+                "<= 1.0" if big else "",
+            ),
+        ]
+    smallest = min(scale.webhook_maps)
+    for entries in scale.webhook_maps:
+        on = _med([r.throughput for r in runs_of(results, "W+", f"map{entries}")])
+        off = _med([r.throughput for r in runs_of(results, "W-", f"map{entries}")])
+        rows.append(("pod creates with webhook / without", f"map of {entries}", _ratio(on, off), ">= 0.9"))
+    base = _med([r.throughput for r in runs_of(results, "W+", f"map{smallest}")])
+    for entries in scale.webhook_maps:
+        if entries != smallest:
+            on = _med([r.throughput for r in runs_of(results, "W+", f"map{entries}")])
+            rows.append(
+                (
+                    f"creates with webhook, {entries}-entry map / {smallest}-entry map",
+                    f"map of {entries}",
+                    _ratio(on, base),
+                    ">= 0.9",
+                )
+            )
+    mem = results.memory
+    if mem.get("scheduler_idle"):
+        rows.append(
+            (
+                "scheduler RSS with foreign pods / idle",
+                results.memory_notes.get("foreign", ""),
+                _ratio(mem.get("scheduler_foreign", 0), mem["scheduler_idle"]),
+                "<= 1.2",
+            )
+        )
+    return rows
+
+
+def _met(value: float, target: str) -> str:
+    if not target or math.isnan(value):
+        return ""
+    op, _, number = target.partition(" ")
+    ok = value >= float(number) if op == ">=" else value <= float(number)
+    return "met" if ok else "NOT met"
+
+
+def ratio_table(rows: list[tuple[str, str, float, str]]) -> str:
+    lines = ["| ratio (medians) | at | value | target | |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {what} | {where} | {value:.2f} | {target} | {_met(value, target)} |"
+        for what, where, value, target in rows
+    ]
+    return "\n".join(lines)
+
+
+def print_ratios(rows: list[tuple[str, str, float, str]]) -> None:
+    width = max(len(w) for w, *_ in rows)
+    where_w = max(len(x) for _, x, *_ in rows)
+    print()
+    print(f"{'ratio (medians)':<{width}}  {'at':<{where_w}}  value  target")
+    for what, where, value, target in rows:
+        print(f"{what:<{width}}  {where:<{where_w}}  {value:5.2f}  {target} {_met(value, target)}")
+
+
+def bind_table(results: Results, scale: Scale) -> str:
+    lines = [
+        "| plan | arm | pods/s (min / median / max) | p50 ms (min / median / max) | p99 ms (min / median / max) | correct |",
+        "|---|---|---|---|---|---|",
+    ]
+    for plan in scale.plans:
+        for arm in ARMS:
+            runs = runs_of(results, arm, plan.key)
+            ok = "yes" if runs and all(r.correct for r in runs) else "NO"
+            lines.append(
+                f"| {plan.label} | {arm}: {ARM_NAMES[arm]} | {_spread([r.throughput for r in runs])} | "
+                f"{_ms([r.p50 for r in runs])} | {_ms([r.p99 for r in runs])} | {ok} |"
+            )
+    return "\n".join(lines)
+
+
+def webhook_table(results: Results, scale: Scale) -> str:
+    lines = [
+        "| map entries | webhook | creates/s (min / median / max) | POST p50 ms | POST p99 ms | correct |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entries in scale.webhook_maps:
+        for arm, label in (("W-", "off"), ("W+", "on")):
+            runs = runs_of(results, arm, f"map{entries}")
+            ok = "yes" if runs and all(r.correct for r in runs) else "NO"
+            lines.append(
+                f"| {entries} | {label} | {_spread([r.throughput for r in runs])} | {_ms([r.p50 for r in runs])} | "
+                f"{_ms([r.p99 for r in runs])} | {ok} |"
+            )
+    return "\n".join(lines)
+
+
+def memory_table(results: Results, scale: Scale) -> str:
+    mem = results.memory
+    own = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in mem.items() if k.startswith("scheduler_own_"))
+    lines = ["| process | state | RSS MiB |", "|---|---|---|"]
+    lines.append(
+        f"| gpu-scheduler | idle ({scale.groups[0][0]} nodes) | {mem.get('scheduler_idle', 0):.1f} |"
+    )
+    lines.append(
+        f"| gpu-scheduler | {results.memory_notes.get('foreign', 'foreign pods')} | {mem.get('scheduler_foreign', 0):.1f} |"
+    )
+    for pods, value in own:
+        lines.append(f"| gpu-scheduler | {pods} of its own pods bound (peak over the A runs) | {value:.1f} |")
+    lines.append(
+        f"| gpu-scheduler-webhook (gunicorn master + worker) | idle | {mem.get('webhook_idle', 0):.1f} |"
+    )
+    lines.append(
+        f"| gpu-scheduler-webhook (gunicorn master + worker) | after the create arms | {mem.get('webhook_after', 0):.1f} |"
+    )
+    text = "\n".join(lines)
+    if own and mem.get("scheduler_idle"):
+        pods, value = own[-1]
+        per_pod = (value - mem["scheduler_idle"]) * 1024 / pods
+        text += (
+            f"\n\nPer own pod: ({value:.1f} - {mem['scheduler_idle']:.1f}) MiB / {pods} = **{per_pod:.1f} KiB**"
+            " (the watch cache holds each pod's whole object, map annotation included)."
+        )
+    if scale.name != "full":
+        text += f"\n\nAt this scale the largest own-pod count is {own[-1][0] if own else 0}, not 3,000 (`BENCH_SCALE=full`)."
+    return text
+
+
+COMPONENTS = (
+    "kube-apiserver",
+    "etcd",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "gpu-scheduler",
+    "gpu-scheduler-webhook",
+    "bench client",
+)
+
+
+def cpu_table(results: Results, scale: Scale) -> str:
+    """CPU milliseconds per pod of every component during the timed part, medians over repetitions."""
+    head = "| plan | arm | " + " | ".join(COMPONENTS) + " | total |"
+    lines = [head, "|---" * (len(COMPONENTS) + 3) + "|"]
+    rows: list[tuple[str, str, list[Run]]] = [
+        (plan.label, f"{arm}: {ARM_NAMES[arm]}", runs_of(results, arm, plan.key))
+        for plan in scale.plans
+        for arm in ARMS
+    ]
+    rows += [
+        (f"{scale.webhook_pods} creates, map of {e}", f"webhook {label}", runs_of(results, arm, f"map{e}"))
+        for e in scale.webhook_maps
+        for arm, label in (("W-", "off"), ("W+", "on"))
+    ]
+    for where, arm_label, runs in rows:
+        if not runs or not runs[0].cpu:
+            continue
+        per = [_med([1000 * r.cpu.get(c, 0.0) / r.pods for r in runs]) for c in COMPONENTS]
+        total = _med([1000 * sum(r.cpu.values()) / r.pods for r in runs])
+        lines.append(
+            f"| {where} | {arm_label} | " + " | ".join(f"{v:.1f}" for v in per) + f" | {total:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def profile_section(results: Results) -> str:
+    prof = results.profile
+    if not prof:
+        return "No profile was taken."
+    if prof.get("error") and not prof.get("samples"):
+        return f"py-spy could not profile the scheduler: `{prof['error']}`"
+    run = prof.get("run") or {}
+    total = prof["samples"] or 1
+    out = [
+        f"One extra gpu-scheduler run ({prof['plan']}: {run.get('throughput', 0):.1f} pods/s under the sampler) "
+        f"was sampled with `{prof['tool']}` on the scheduler's PID: {prof['samples']} samples of running "
+        f"threads (100 samples = 1 s of one thread; {prof.get('waiting', 0)} samples of threads blocked in a "
+        "lock, a TLS read or a poll are left out: a blocked thread costs no CPU). Raw stacks: "
+        f"`{Path(prof.get('raw_file', '')).name}` in the run's work directory.",
+        "",
+        "Self samples by area (the leaf frame's package; `scheduler/…` is the project's own code):",
+        "",
+        "| area | samples | share |",
+        "|---|---|---|",
+    ]
+    out += [f"| {area} | {n} | {100 * n / total:.0f}% |" for area, n in prof["areas"]]
+    out += ["", "Top functions by self samples:", "", "| function | samples | share |", "|---|---|---|"]
+    out += [f"| `{fn}` | {n} | {100 * n / total:.0f}% |" for fn, n in prof["self"]]
+    out += [
+        "",
+        "Top functions by inclusive samples (the function and what it calls):",
+        "",
+        "| function | samples | share |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{fn}` | {n} | {100 * n / total:.0f}% |" for fn, n in prof["inclusive"]]
+    return "\n".join(out)
+
+
+def plot(results: Results, scale: Scale, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plans = scale.plans
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    width = 0.8 / len(ARMS)
+    for i, arm in enumerate(ARMS):
+        xs = [j + (i - (len(ARMS) - 1) / 2) * width for j in range(len(plans))]
+        for ax, metric in ((axes[0], "throughput"), (axes[1], "p99")):
+            meds, lows, highs = [], [], []
+            for plan in plans:
+                vals = [
+                    getattr(r, metric) * (1000 if metric == "p99" else 1)
+                    for r in runs_of(results, arm, plan.key)
+                ]
+                m = _med(vals)
+                meds.append(m)
+                lows.append(m - min(vals) if vals else 0)
+                highs.append(max(vals) - m if vals else 0)
+            ax.bar(xs, meds, width, yerr=[lows, highs], capsize=2, label=f"{arm}: {ARM_NAMES[arm]}")
+    labels = [p.label.replace(", ", "\n") for p in plans]
+    for ax, title, ylabel in (
+        (axes[0], "bind throughput (median, min-max)", "pods/s"),
+        (axes[1], "p99 create-to-bound (C: Binding-to-bound)", "ms"),
+    ):
+        ax.set_xticks(range(len(plans)), labels, fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+    axes[0].legend(fontsize=7)
+    maps = scale.webhook_maps
+    for i, (arm, label) in enumerate((("W-", "without webhook"), ("W+", "with webhook"))):
+        meds = [_med([r.throughput for r in runs_of(results, arm, f"map{e}")]) for e in maps]
+        axes[2].bar([j + (i - 0.5) * 0.4 for j in range(len(maps))], meds, 0.4, label=label)
+    axes[2].set_xticks(range(len(maps)), [f"map of {e}" for e in maps])
+    axes[2].set_title(f"pod creates ({scale.webhook_pods} pods, median)")
+    axes[2].set_ylabel("pods/s")
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"make bench, BENCH_SCALE={scale.name}, {results.started}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_doc(results: Results, scale: Scale, doc: Path, png: Path) -> None:
+    m = results.machine
+    v = versions()
+    rows = ratios(results, scale)
+    wrong = [r for r in results.runs if not r.correct]
+    correctness = (
+        "Every run passed its correctness check."
+        if not wrong
+        else "**Correctness failures:** "
+        + "; ".join(f"{r.arm} {r.plan} rep {r.rep}: {r.problems[0]}" for r in wrong)
+    )
+    text = f"""# Benchmarks
+
+Written by `make bench` ({results.started}); do not edit by hand, run it again.
+How the harness works and what each ratio means: README, "Tests and benchmarks", and the
+docstrings of `bench/`.
+
+- Command: `{results.command}`
+- Scale: `BENCH_SCALE={scale.name}`; {scale.reps} repetition(s), arms interleaved; creator {scale.create_threads} threads, raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.
+- Machine: {m["nproc"]} CPUs ({m["cpu"]}), {m["memory_gib"]} GiB memory, Linux {m["kernel"]}, Python {m["python"]}.
+- Load average (1, 5, 15 min) at the start: {m["load_start"]}; at the end: {results.load_end}. Everything (etcd,
+  kube-apiserver, controller-manager, kube-scheduler, kwok, the gpu-scheduler, the webhook and the harness) shares these CPUs.
+- Control plane: kube-apiserver {v.get("KUBERNETES_VERSION")}, etcd {v.get("ETCD_VERSION")}, kwok {v.get("KWOK_VERSION")}; kwok nodes with 8 GPUs each.
+
+## Ratios
+
+{ratio_table(rows)}
+
+A = gpu-scheduler, B = the control plane's kube-scheduler on the same pods pinned by a required
+node affinity (`matchFields metadata.name In [node]`), C = a bare client POSTing Bindings for pods
+created beforehand (the apiserver's ceiling), L = the same binder reacting to the watch while the
+pods are created (the ceiling for anything that, like A and B, competes with the creator).
+
+{correctness}
+
+![throughput and latency per arm and scale](benchmarks.png)
+
+## Bind arms
+
+Bare pods (no StatefulSet: the controller's own pace stays out of the numbers), each carrying its
+workload's whole map and the variables the webhook would inject, created by {scale.create_threads}
+threads for every arm. A plan of P pods on N nodes with R per node is cut into workloads of at
+most N*R replicas (replica k of workload w on node k//R+1 with GPU w*R + k%R), so every pod's map
+has min(P, N*R) entries (at 100 nodes and 500 pods: 100 entries at 1/node, 500 at 5/node). Throughput: pods / (first create sent .. last pod seen bound on a pod
+watch). Latency: per pod, the watch's arrival time of "bound" minus that of "created" (C: minus
+the time its Binding was sent). After every run the pods are read back: each on its mapped node
+with its mapped GPU, and no node:GPU held twice among all the benchmark's pods.
+
+{bind_table(results, scale)}
+
+## Webhook
+
+{scale.webhook_pods} pods with one map per row (ordinals cycling over the map), created by
+{scale.create_threads} threads into a namespace the MutatingWebhookConfiguration selects (on) or
+not (off); the pods name a scheduler nobody serves, so nothing binds them. Creates/s: pods /
+(first POST sent .. last answer). After each run every pod is read back: with the webhook each
+carries `CUDA_VISIBLE_DEVICES` of its entry, without it none.
+
+{webhook_table(results, scale)}
+
+## Memory (VmRSS)
+
+{memory_table(results, scale)}
+
+## Where the time goes
+
+### CPU per pod, by process
+
+CPU time (utime + stime from `/proc/PID/stat`, children included) each process spent during the
+timed part of a run, divided by the pods of the run, in milliseconds (median over the repetitions).
+On 2 cores, the sum is what bounds the throughput: 2,000 ms of CPU per second are to be shared.
+
+{cpu_table(results, scale)}
+
+### The scheduler's own profile
+
+{profile_section(results)}
+"""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    plot(results, scale, png)
+
+
+def report(results: Results, scale: Scale, doc: Path) -> list[tuple[str, str, float, str]]:
+    rows = ratios(results, scale)
+    write_doc(results, scale, doc, doc.with_suffix(".png"))
+    print_ratios(rows)
+    return rows
+
+
+__all__: list[Any] = ["report"]

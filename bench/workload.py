@@ -1,0 +1,173 @@
+"""What the benchmark places: plans (nodes x pods x replicas per node), maps and pod bodies.
+
+Every arm creates **bare pods**, each as a StatefulSet would make it (the ordinal
+label ``apps.kubernetes.io/pod-index``, the workload's whole ``gpu-scheduling-map``
+annotation) and already carrying the variables the webhook injects
+(``CUDA_VISIBLE_DEVICES=<entry devices>``, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), so
+the bind arms need no webhook and the scheduler runs its production path
+(``GPU_SCHEDULER_REQUIRE_INJECTION=true``). Bare pods keep the StatefulSet
+controller's own pace out of the numbers.
+
+A plan of P pods on N nodes with R replicas per node is cut into workloads of at
+most N*R replicas: replica k of workload w runs on ``node{k // R + 1}`` with GPU
+``w * R + k % R``. So "1 per node" at 100 nodes x 500 pods is five workloads of
+100 replicas (one per node each), "5 per node" is one workload of 500.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_scheduling.podinfo import POD_INDEX_LABEL
+from gpu_scheduling.schedmap import ANNOTATION
+
+PART_OF = "app.kubernetes.io/part-of"
+BENCH = "gpu-scheduler-bench"
+WORKLOAD_LABEL = "bench.gpu-scheduler.io/workload"
+IMAGE = "registry.k8s.io/pause:3.10"
+# A scheduler name nobody serves: pods that stay pending (arm C binds them itself).
+NOBODY = "bench-nobody"
+GPUS_PER_NODE = 8
+
+
+def node_name(index: int) -> str:
+    return f"node{index + 1}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    pods: int
+    per_node: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.nodes} nodes, {self.pods} pods, {self.per_node}/node"
+
+    @property
+    def key(self) -> str:
+        return f"n{self.nodes}-p{self.pods}-r{self.per_node}"
+
+    def placements(self) -> list[tuple[str, int, str, int]]:
+        """(workload, ordinal, node, gpu) for every pod."""
+        size = self.nodes * self.per_node
+        out = []
+        for i in range(self.pods):
+            w, k = divmod(i, size)
+            out.append((f"w{w}", k, node_name(k // self.per_node), w * self.per_node + k % self.per_node))
+        if max(g for *_, g in out) >= GPUS_PER_NODE:
+            raise ValueError(f"plan {self.label} needs more than {GPUS_PER_NODE} GPUs per node")
+        return out
+
+    def maps(self) -> dict[str, str]:
+        """workload -> its map annotation text."""
+        lines: dict[str, list[str]] = {}
+        for w, k, node, gpu in self.placements():
+            lines.setdefault(w, []).append(f"{k}={node}:{gpu}")
+        return {w: "\n".join(ls) + "\n" for w, ls in lines.items()}
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """One pod to create, with the node and GPU its map names."""
+
+    name: str
+    node: str
+    gpu: int
+    body: bytes
+
+
+def pod_body(
+    name: str,
+    ordinal: int,
+    workload: str,
+    map_text: str | None,
+    *,
+    scheduler_name: str,
+    env: dict[str, str] | None,
+    pin_node: str | None = None,
+) -> bytes:
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": {PART_OF: BENCH, WORKLOAD_LABEL: workload, POD_INDEX_LABEL: str(ordinal)},
+    }
+    if map_text is not None:
+        meta["annotations"] = {ANNOTATION: map_text}
+    container: dict[str, Any] = {"name": "main", "image": IMAGE}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler_name,
+        "containers": [container],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if pin_node:
+        # What a StatefulSet would carry for kube-scheduler to land replica k on its node.
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pin_node]}]}
+                    ]
+                }
+            }
+        }
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}).encode()
+
+
+def bind_pods(plan: Plan, *, scheduler_name: str, pin: bool) -> list[PodSpec]:
+    """The plan's pods, injected already; ``pin``: with the required node affinity (arm B)."""
+    maps = plan.maps()
+    out = []
+    for w, k, node, gpu in plan.placements():
+        name = f"{w}-{k}"
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        body = pod_body(
+            name, k, w, maps[w], scheduler_name=scheduler_name, env=env, pin_node=node if pin else None
+        )
+        out.append(PodSpec(name, node, gpu, body))
+    return out
+
+
+# Node names of the webhook arm's maps: a map may not give one node:GPU twice, so a
+# 3,000-entry map needs more names than nodes exist; the webhook never looks them up.
+WEBHOOK_MAP_NODES = 1000
+
+
+def webhook_pods(pods: int, entries: int) -> list[PodSpec]:
+    """``pods`` pending pods sharing one map of ``entries`` lines, ordinals cycling over the map.
+
+    They carry no GPU variables (the webhook adds them) and name a scheduler nobody serves.
+    """
+    n = WEBHOOK_MAP_NODES
+
+    def place(k: int) -> tuple[str, int]:
+        return node_name(k % n), k // n
+
+    lines = ["{}={}:{}".format(k, *place(k)) for k in range(entries)]
+    text = "\n".join(lines) + "\n"
+    out = []
+    for i in range(pods):
+        k = i % entries
+        node, gpu = place(k)
+        out.append(
+            PodSpec(f"p-{i}", node, gpu, pod_body(f"p-{i}", k, "wh", text, scheduler_name=NOBODY, env=None))
+        )
+    return out
+
+
+def foreign_pods(count: int) -> list[bytes]:
+    """Cheap pods of another scheduler (no map): what the scheduler's memory must not grow with."""
+    return [
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"f-{i}", "labels": {PART_OF: BENCH}},
+                "spec": {"schedulerName": NOBODY, "containers": [{"name": "main", "image": IMAGE}]},
+            }
+        ).encode()
+        for i in range(count)
+    ]

@@ -1,0 +1,8 @@
+# make bench: the gpu-scheduler and its webhook against baselines on the local control plane
+# (bench/, README "Tests and benchmarks"). Writes docs/benchmarks.md and docs/benchmarks.png.
+BENCH_SCALE ?= default
+
+.PHONY: bench
+
+bench: venv tools ## Measure scheduler/webhook vs kube-scheduler and raw Bindings (BENCH_SCALE=default|full|smoke)
+	BENCH_SCALE=$(BENCH_SCALE) BENCH_COMMAND="make bench BENCH_SCALE=$(BENCH_SCALE)" $(PY) -m bench
