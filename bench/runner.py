@@ -17,7 +17,6 @@ Order (each step on the same control plane, so the ratios compare like with like
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import platform
@@ -174,22 +173,12 @@ def descendants(pid: int) -> list[int]:
 
 
 def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Path:
-    """A token of the scheduler's least-privilege ServiceAccount, as the integration tests make it.
+    """A token of the scheduler's least-privilege ServiceAccount: the chart's own rendered RBAC,
+    as the integration tests make it (tests/support/rbac.py)."""
+    from tests.integration.fixtures_scheduler import scheduler_chart_values
+    from tests.support.rbac import render_rbac
 
-    Where the tests render the chart's own RBAC (``tests.support.rbac``) that is used; else
-    the rules listed in ``tests/integration/fixtures_scheduler.py``. Looked up at run time
-    (importlib), so the harness follows whichever the checkout has.
-    """
-    try:
-        rbac: Any = importlib.import_module("tests.support.rbac")
-    except ImportError:
-        fixtures: Any = importlib.import_module("tests.integration.fixtures_scheduler")
-        cluster.apply(fixtures.rbac_manifests(namespace, "gpu-scheduler-bench"))
-        return cluster.service_account_kubeconfig(namespace, fixtures.SCHEDULER_SA)
-    fixtures = importlib.import_module("tests.integration.fixtures_scheduler")
-    objects = rbac.render_rbac(
-        cluster, "gpu-scheduler-bench", namespace, "scheduler", fixtures.scheduler_chart_values()
-    )
+    objects = render_rbac(cluster, "gpu-scheduler-bench", namespace, "scheduler", scheduler_chart_values())
     cluster.apply(objects)
     (sa,) = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
     return cluster.service_account_kubeconfig(namespace, sa)
