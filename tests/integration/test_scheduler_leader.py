@@ -29,7 +29,6 @@ from tests.integration.fixtures_scheduler import health, http_get, metric, state
 
 LEASE = "gpu-scheduler"
 INT32_MAX = 2147483647
-LEASE_ROLE = "gpu-scheduler-leader-election"  # fixtures_scheduler.rbac_manifests
 
 
 def timings(duration: float, renew: float, retry: float) -> dict[str, str]:
@@ -220,10 +219,17 @@ def test_a_garbage_lease_is_reported_then_taken_over_after_our_lease_duration(
     assert wait_for(lambda: bound_on(kube, namespace, "g-0"), 60, what="g-0 bound") == gpu_node
 
 
-def _set_lease_verbs(cluster: Cluster, namespace: str, verbs: list[str]) -> None:
-    rules = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}]
+def _lease_role(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The chart's leader-election Role in the test's namespace (the one whose rules name leases)."""
+    roles = json.loads(cluster.kubectl("get", "roles", "-n", namespace, "-o", "json").stdout)["items"]
+    [role] = [r for r in roles if any("leases" in rule.get("resources", []) for rule in r.get("rules") or [])]
+    return dict(role)
+
+
+def _set_lease_rules(cluster: Cluster, namespace: str, rules: list[dict[str, Any]]) -> None:
+    name = _lease_role(cluster, namespace)["metadata"]["name"]
     cluster.kubectl(
-        "patch", "role", LEASE_ROLE, "-n", namespace, "--type=merge", "-p", json.dumps({"rules": rules})
+        "patch", "role", name, "-n", namespace, "--type=merge", "-p", json.dumps({"rules": rules})
     )
 
 
@@ -242,7 +248,12 @@ def test_when_nobody_renews_for_twice_the_duration_every_replica_turns_not_ready
     assert health(b)["lease"]["holder"] == "replica-a"
 
     # Nobody may write the Lease any more (as when RBAC or the apiserver refuses every update).
-    _set_lease_verbs(cluster, namespace, ["get"])
+    chart_rules = _lease_role(cluster, namespace)["rules"]
+    _set_lease_rules(
+        cluster,
+        namespace,
+        [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}],
+    )
     revoked = time.monotonic()
     # The last renewal was at most a retry period ago: both still ready for now.
     assert ready(a) and ready(b)
@@ -262,7 +273,7 @@ def test_when_nobody_renews_for_twice_the_duration_every_replica_turns_not_ready
     assert "could not renew within the deadline" in a.log_text()
 
     # Writes allowed again: one of them takes the Lease (it went unrenewed long enough), all ready.
-    _set_lease_verbs(cluster, namespace, ["get", "create", "update"])
+    _set_lease_rules(cluster, namespace, chart_rules)
     wait_for(lambda: ready(a) and ready(b), 30, interval=0.2, what="both replicas ready again")
     leader = holder(kube, namespace)
     assert leader in ("replica-a", "replica-b")
