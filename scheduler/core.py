@@ -66,6 +66,18 @@ def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return Pod(pod).owner
 
 
+def recreate_slot(pod: Mapping[str, Any], ordinal: int | None) -> str | None:
+    """The backoff key of a replica's recreations: namespace, controller UID, ordinal.
+
+    The namespace is part of it because an ownerReference is the pod owner's claim: a
+    tenant naming another namespace's controller UID only ever shares its own backoff.
+    """
+    owner = controller_of(pod)
+    if owner is None:
+        return None
+    return f"{Pod(pod).namespace}/{owner['uid']}/{ordinal}"
+
+
 class Scheduler:
     def __init__(self, settings: Settings, api_client: Any) -> None:
         self.settings = settings
@@ -225,7 +237,7 @@ class Scheduler:
                 self.queue.done(key)
 
     def process(self, key: str) -> None:
-        """Place one pod: decide from the caches, then claim and bind (leader only)."""
+        """Place one pod: decide from the caches, then reserve and bind (leader only)."""
         pod = self.pods.get(key)
         if pod is None or not is_pending(pod):
             self.backoff.forget(key)
@@ -283,9 +295,9 @@ class Scheduler:
         entry = decision.entry
         assert entry is not None
         key = pod_key(pod)
-        owner = controller_of(pod)
-        if owner is not None:
-            self.recreate_backoff.forget(f"{owner['uid']}/{entry.ordinal}")
+        slot = recreate_slot(pod, entry.ordinal)
+        if slot is not None:
+            self.recreate_backoff.forget(slot)
         latency = time.monotonic() - first_seen if first_seen is not None else None
         if not already:
             self.metrics.pods_bound.inc()
@@ -324,7 +336,7 @@ class Scheduler:
         self.ledger.cancel(pod)
         self.metrics.failures.labels(NOT_INJECTED).inc()
         owner = controller_of(pod)
-        slot = f"{owner['uid']}/{decision.ordinal}" if owner else None
+        slot = recreate_slot(pod, decision.ordinal)
         recreate = slot is not None and self.settings.recreate_not_injected
         now = time.monotonic()
         with self._lock:
