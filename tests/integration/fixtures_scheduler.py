@@ -9,7 +9,6 @@ permission fails these tests.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.scheduler_host import http_url, run_scheduler
 from tests.support.rbac import ChartIdentity, chart_identity
+from tests.support.waiting import wait_for  # noqa: F401 (re-exported for the tests)
 
 SCHEDULER_SA = "gpu-scheduler"
 # The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
@@ -89,18 +89,6 @@ def scheduler(start_scheduler: Callable[..., ManagedProcess]) -> ManagedProcess:
 
 
 # -- helpers for the tests ------------------------------------------------------------
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "") -> Any:
-    """Poll ``cond`` until it returns something truthy; return it, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or cond} (last: {last!r})")
 
 
 def http_get(proc: ManagedProcess, path: str) -> tuple[int, str]:

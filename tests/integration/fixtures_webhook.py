@@ -17,7 +17,6 @@ import contextlib
 import json
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import yaml
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
+from tests.support import waiting
 from tests.support.rbac import chart_identity
 
 ANNOTATION = "gpu-scheduling-map"
@@ -67,13 +67,8 @@ def _free_port() -> int:
 def wait_for(
     cond: Callable[[], Any], timeout: float = 60, what: str = "condition", interval: float = 0.5
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """tests.support.waiting.wait_for, with this module's argument order (``what`` third)."""
+    return waiting.wait_for(cond, timeout, interval, what)
 
 
 @pytest.fixture(scope="session")
