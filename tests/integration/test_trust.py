@@ -40,6 +40,19 @@ INJECTED = {"GPU_SCHEDULER_REQUIRE_INJECTION": "true"}
 # -- helpers -------------------------------------------------------------------------------------
 
 
+def mapped_pod(name: str, smap: str, namespace: str | None = None, **annotations: str) -> dict[str, Any]:
+    """A bare pod of the gpu-scheduler carrying ``smap`` (and any other annotations)."""
+    meta: dict[str, Any] = {"name": name, "annotations": {MAP: smap, **annotations}}
+    if namespace:
+        meta["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "x"}]},
+    }
+
+
 def pods_of(kube: Any, namespace: str) -> list[dict[str, Any]]:
     resp = client.CoreV1Api(kube).list_namespaced_pod(namespace, _preload_content=False)
     return list(json.loads(resp.data)["items"])
@@ -171,12 +184,7 @@ def ignore_policy_configs(cluster: Cluster, namespaces: list[str], hook: Webhook
 
 def wait_webhook_live(cluster: Cluster, namespace: str) -> None:
     """Until a server-side dry-run of a mapped pod comes back injected (the apiserver calls it)."""
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "probe-0", "namespace": namespace, "annotations": {MAP: "0=node1:3\n"}},
-        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "x"}]},
-    }
+    probe = mapped_pod("probe-0", "0=node1:3\n", namespace)
 
     def live() -> bool:
         res = cluster.kubectl(
@@ -273,15 +281,7 @@ def test_tenant_annotations_can_neither_squat_nor_free_a_gpu(
         tenant = tenant_kubeconfig(cluster, other_namespace)
 
         # (a) A pending pod with no ordinal and a forged record of node:0 (the old ledger's annotation).
-        squatter = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "squatter",
-                "annotations": {MAP: f"0={node}:0", "gpu-scheduler/assigned": f"{node}:0"},
-            },
-            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "x"}]},
-        }
+        squatter = mapped_pod("squatter", f"0={node}:0", **{"gpu-scheduler/assigned": f"{node}:0"})
         res = cluster.kubectl(
             "apply",
             "-n",
@@ -308,12 +308,7 @@ def test_tenant_annotations_can_neither_squat_nor_free_a_gpu(
 
         # (b) The tenant rewrites every annotation of a running pod of theirs; nothing is freed.
         victim_map = f"0={node}:1"
-        victim = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "mine-0", "annotations": {MAP: victim_map}},
-            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "x"}]},
-        }
+        victim = mapped_pod("mine-0", victim_map)
         cluster.kubectl(
             "apply", "-n", other_namespace, "-f", "-", input=json.dumps(victim), kubeconfig=tenant
         )
@@ -419,12 +414,7 @@ def test_a_bare_pod_admitted_without_injection_waits_with_its_event(
 ) -> None:
     [node] = gpu_nodes(1, 1)
     start_scheduler(**INJECTED)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "bare-0", "annotations": {MAP: f"0={node}:0"}},
-        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "x"}]},
-    }
+    pod = mapped_pod("bare-0", f"0={node}:0")
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
     ev = wait_for(lambda: events(kube, namespace, "NotInjected"), 30, what="NotInjected on bare-0")
     assert "it has no controller" in ev[0]["message"]
