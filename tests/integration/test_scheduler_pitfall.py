@@ -10,7 +10,7 @@ from kubernetes import client
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import statefulset, wait_for
-from tests.support.kubeapi import pod_events
+from tests.support.kubeapi import pod_events, read_pod
 
 
 def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
@@ -42,7 +42,8 @@ def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(
         assert pod.spec.node_name == node
         # ... and a pod without the request gets no such event.
         wait_for(
-            lambda: client.CoreV1Api(kube).read_namespaced_pod("plain-0", namespace).spec.node_name,
+            # The StatefulSet controller may not have created it yet: absent is "not yet".
+            lambda: (read_pod(kube, namespace, "plain-0") or {}).get("spec", {}).get("nodeName"),
             60,
             what="plain-0 bound",
         )
