@@ -48,6 +48,10 @@ class Settings:
     # A controller-owned pod admitted without them is deleted, so that its controller
     # recreates it through the webhook (with backoff per replica). Off: it waits.
     recreate_not_injected: bool = True
+    # A replica the kubelet refused at admission (OutOfcpu, ...) is bound there again once
+    # the node, the pods on it or the pod change; or, failing that, after this many seconds
+    # (a cause such as a device plugin restarting leaves no trace in the API). 0: never.
+    kubelet_refusal_hold: float = 300.0
 
     def validate(self) -> Settings:
         problems = []
@@ -66,6 +70,8 @@ class Settings:
             problems.append("identity is empty")
         if self.log_level.upper() not in _LEVELS:
             problems.append(f"log level {self.log_level!r} is not one of {sorted(_LEVELS)}")
+        if self.kubelet_refusal_hold < 0:
+            problems.append(f"kubelet refusal hold must not be negative, got {self.kubelet_refusal_hold}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
         if not 0 < self.backoff_initial <= self.backoff_max:
@@ -190,6 +196,13 @@ TABLE: tuple[Setting, ...] = (
         config.boolean,
         "delete controller-owned pods admitted without them",
         "--recreate-not-injected",
+    ),
+    Setting(
+        "kubelet_refusal_hold",
+        "GPU_SCHEDULER_KUBELET_REFUSAL_HOLD",
+        _FLOAT,
+        "after a kubelet refused a replica, try its node again unchanged after this long, s (0: never)",
+        "--kubelet-refusal-hold",
     ),
 )
 
