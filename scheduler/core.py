@@ -81,6 +81,11 @@ def is_pending(pod: Mapping[str, Any]) -> bool:
     return not view.node_name and not view.deleting and view.phase in (None, "Pending")
 
 
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """``spec.schedulingGates`` is not empty: not to be scheduled yet (the apiserver refuses a Binding)."""
+    return bool(Pod(pod).spec.get("schedulingGates"))
+
+
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     """What the checks read from a pod: a change makes a waiting pod try again at once."""
     view = Pod(pod)
@@ -89,6 +94,7 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         view.annotations.get(ANNOTATION),
         view.labels.get(POD_INDEX_LABEL),
         json.dumps(view.spec.get("tolerations") or [], sort_keys=True),
+        len(view.spec.get("schedulingGates") or []),
     )
 
 
@@ -145,6 +151,8 @@ class Scheduler:
             client.EventsV1Api(api_client),
             controller=settings.scheduler_name,
             instance=f"{settings.scheduler_name}-{settings.identity}",
+            # Scheduled Events wait while pods are being placed: Bindings first.
+            busy=self.queue.busy,
         )
         self.pods = Informer(
             "pods",
@@ -322,6 +330,11 @@ class Scheduler:
             return
         if not self.is_leader():
             return  # whoever leads requeues every pending pod when it starts leading
+        if is_gated(pod):
+            # As kube-scheduler: the apiserver marked it SchedulingGated; removing the last
+            # gate is an update that changes pod_signature and queues it again.
+            self.backoff.forget(key)
+            return
         nodes = self.nodes.view()
         decision = evaluate(pod, nodes, self.ledger, self.settings.require_injection, self.usage)
         if decision.ok and decision.entry is not None:

@@ -235,3 +235,19 @@ def test_a_pod_the_kubelet_refuses_is_not_rebound_in_a_loop(
     )
     time.sleep(5)
     assert scheduled_events(kube, namespace, "r-0") == 2
+
+
+def test_a_pod_with_scheduling_gates_waits_quietly_and_binds_when_they_are_removed(
+    cluster: Cluster, namespace: str, kube: Any, node: str, slow_scheduler: ManagedProcess
+) -> None:
+    sts = mapped("g", node)
+    sts["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    apply(cluster, namespace, sts)
+    wait_for(lambda: read_pod(kube, namespace, "g-0"), 30, what="g-0 created")
+    time.sleep(3)
+    # Not bound, and no attempt: the apiserver would refuse its Binding while it is gated.
+    assert node_of(kube, namespace, "g-0") is None
+    assert pod_events(kube, namespace, "g-0", "FailedScheduling") == []
+    patch = [{"op": "remove", "path": "/spec/schedulingGates"}]
+    cluster.kubectl("patch", "pod", "-n", namespace, "g-0", "--type=json", "-p", json.dumps(patch))
+    assert_binds_promptly(kube, namespace, "g-0", node)
