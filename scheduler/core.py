@@ -34,7 +34,7 @@ from scheduler.leader import LeaderElector
 from scheduler.ledger import Claim, Ledger, pod_key
 from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
 from scheduler.server import Probes
-from scheduler.settings import Settings
+from scheduler.settings import EXTENDER, Settings
 from scheduler.watch import Informer, Obj
 from scheduler.workqueue import Backoff, WorkQueue
 
@@ -245,6 +245,12 @@ class Scheduler:
         if not self.is_leader():
             return  # whoever leads requeues every pending pod when it starts leading
         decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection)
+        if self.settings.mode == EXTENDER:
+            # kube-scheduler places the pod and calls scheduler/extender.py; this loop only
+            # has a pod admitted without injection recreated (its containers cannot change).
+            if decision.reason == NOT_INJECTED:
+                self._not_injected(pod, decision)
+            return
         if not decision.ok or decision.entry is None:
             if decision.reason == NOT_INJECTED:
                 self._not_injected(pod, decision)
