@@ -118,20 +118,12 @@ def extender_mode(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[
         try:
             kube_scheduler.wait_http(f"https://127.0.0.1:{secure_port}/readyz", timeout=60, insecure=True)
             lease = config["leaderElection"]["resourceName"]
-            wait_for(
-                lambda: cluster.kubectl(
-                    "get",
-                    "lease",
-                    lease,
-                    "-n",
-                    namespace,
-                    "-o",
-                    "jsonpath={.spec.holderIdentity}",
-                    check=False,
-                ).stdout.strip(),
-                60,
-                what="kube-scheduler leads (its Lease from the chart's Role)",
-            )
+
+            def holder() -> str:
+                get = ("get", "lease", lease, "-n", namespace, "-o", "jsonpath={.spec.holderIdentity}")
+                return cluster.kubectl(*get, check=False).stdout.strip()
+
+            wait_for(holder, 60, what="kube-scheduler leads (its Lease from the chart's Role)")
             yield ExtenderMode(gpu_scheduler, kube_scheduler, config)
         finally:
             kube_scheduler.stop()
