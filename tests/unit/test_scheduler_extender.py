@@ -226,3 +226,24 @@ def test_a_client_that_does_not_trust_the_server_gets_nothing(served: tuple[int,
     port, _ = served
     with pytest.raises(ssl.SSLError):
         post(port, ssl.create_default_context(), "/filter", b"{}")
+
+
+def test_with_a_client_ca_only_its_clients_are_served(
+    extender: Extender, pki: LocalPKI, tmp_path: Path
+) -> None:
+    crt, key = pki.issue("ext3", "ext3", ips=("127.0.0.1",), server=True)
+    clients = LocalPKI(tmp_path / "clients")
+    client_crt, client_key = clients.issue("kube-scheduler", "kube-scheduler")
+    ctx = tls_context(str(crt), str(key), str(clients.ca_file))
+    server = ExtenderServer("127.0.0.1", 0, extender, ctx)
+    server.start()
+    try:
+        anonymous = ssl.create_default_context(cafile=str(pki.ca_file))
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            post(server.port, anonymous, "/filter", b"{}")
+        trusted = ssl.create_default_context(cafile=str(pki.ca_file))
+        trusted.load_cert_chain(str(client_crt), str(client_key))
+        status, out = post(server.port, trusted, "/filter", b"{}")
+        assert (status, out["Error"]) == (200, "ExtenderArgs.Pod is missing")
+    finally:
+        server.stop()
