@@ -129,6 +129,11 @@ class Extender:
             )
         return None
 
+    def decide(self, pod: Mapping[str, Any]) -> Decision:
+        """The standalone scheduler's checks (``rules.evaluate``) on its caches and ledger."""
+        sched = self.sched
+        return evaluate(pod, sched.nodes.view(), sched.ledger, sched.settings.require_injection)
+
     # -- filter -------------------------------------------------------------------------
 
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,9 +169,7 @@ class Extender:
         if why_not:
             self.metrics.requests.labels("filter", "error").inc()
             return {"Error": why_not}
-        decision = evaluate(
-            pod, self.sched.nodes.view(), self.sched.ledger, self.sched.settings.require_injection
-        )
+        decision = self.decide(pod)
         entry = decision.entry
         if entry is None:
             text = refusal_text(decision)
@@ -235,9 +238,7 @@ class Extender:
             return self._refused(f"pod {key} is already bound to node {view.node_name!r}")
         if not is_mapped(pod):
             return self._post_binding(pod, node, None)
-        decision = evaluate(
-            pod, self.sched.nodes.view(), self.sched.ledger, self.sched.settings.require_injection
-        )
+        decision = self.decide(pod)
         entry = decision.entry
         if entry is None or not decision.ok:
             return self._refused(refusal_text(decision))
