@@ -47,7 +47,7 @@ from scheduler.leader import LeaderElector
 from scheduler.ledger import Claim, Ledger, pod_key
 from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
 from scheduler.server import Probes
-from scheduler.settings import Settings
+from scheduler.settings import EXTENDER, Settings
 from scheduler.usage import ASSIGNED_SELECTOR, NodeUsage, compact, footprint
 from scheduler.watch import Informer, Obj
 from scheduler.workqueue import Backoff, WorkQueue
@@ -337,6 +337,12 @@ class Scheduler:
             return
         nodes = self.nodes.view()
         decision = evaluate(pod, nodes, self.ledger, self.settings.require_injection, self.usage)
+        if self.settings.mode == EXTENDER:
+            # kube-scheduler places the pod and calls scheduler/extender.py; this loop only
+            # has a pod admitted without injection recreated (its containers cannot change).
+            if decision.reason == NOT_INJECTED:
+                self._not_injected(pod, decision)
+            return
         if decision.ok and decision.entry is not None:
             decision = self._kubelet_hold(pod, decision, nodes.get(decision.entry.node))
         if not decision.ok or decision.entry is None:

@@ -18,9 +18,21 @@ from typing import Any
 from gpu_scheduling import config
 from gpu_scheduling.config import Setting, SettingsError
 
-__all__ = ["TABLE", "Settings", "SettingsError", "default_identity", "load"]
+__all__ = [
+    "EXTENDER",
+    "MODES",
+    "STANDALONE",
+    "TABLE",
+    "Settings",
+    "SettingsError",
+    "default_identity",
+    "load",
+]
 
 _LEVELS = set(config.LOG_LEVELS)
+STANDALONE = "standalone"
+EXTENDER = "extender"
+MODES = (STANDALONE, EXTENDER)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,15 @@ class Settings:
     # the node, the pods on it or the pod change; or, failing that, after this many seconds
     # (a cause such as a device plugin restarting leaves no trace in the API). 0: never.
     kubelet_refusal_hold: float = 300.0
+    # standalone: this process binds pods from its own queue. extender: kube-scheduler
+    # places them and calls this process's filter and bind (scheduler/extender.py).
+    mode: str = STANDALONE
+    extender_address: str = "0.0.0.0"  # noqa: S104 - kube-scheduler reaches the pod IP
+    extender_port: int = 8443
+    extender_tls_cert_file: str = ""
+    extender_tls_key_file: str = ""
+    # Set: only clients with a certificate signed by this CA (kube-scheduler) may call it.
+    extender_client_ca_file: str = ""
 
     def validate(self) -> Settings:
         problems = []
@@ -78,6 +99,14 @@ class Settings:
             problems.append(
                 f"backoff needs 0 < initial <= max, got {self.backoff_initial} and {self.backoff_max}"
             )
+        if self.mode == EXTENDER:
+            if not (self.extender_tls_cert_file and self.extender_tls_key_file):
+                problems.append(
+                    "GPU_SCHEDULER_MODE=extender needs GPU_SCHEDULER_EXTENDER_TLS_CERT_FILE and "
+                    "GPU_SCHEDULER_EXTENDER_TLS_KEY_FILE (the extender is served over TLS only)"
+                )
+            if self.extender_port == self.http_port:
+                problems.append(f"extender port {self.extender_port} is also the HTTP port")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -203,6 +232,51 @@ TABLE: tuple[Setting, ...] = (
         _FLOAT,
         "after a kubelet refused a replica, try its node again unchanged after this long, s (0: never)",
         "--kubelet-refusal-hold",
+    ),
+    Setting(
+        "mode",
+        "GPU_SCHEDULER_MODE",
+        config.choice(MODES),
+        "`standalone`: bind pods itself; `extender`: serve kube-scheduler's filter and bind",
+        "--mode",
+    ),
+    Setting(
+        "extender_address",
+        "GPU_SCHEDULER_EXTENDER_ADDRESS",
+        config.text,
+        "listen address of the extender (HTTPS)",
+        "--extender-address",
+    ),
+    Setting(
+        "extender_port",
+        "GPU_SCHEDULER_EXTENDER_PORT",
+        config.number(int, 0, 65535),
+        "port of the extender's `POST /filter` and `POST /bind` (HTTPS)",
+        "--extender-port",
+    ),
+    Setting(
+        "extender_tls_cert_file",
+        "GPU_SCHEDULER_EXTENDER_TLS_CERT_FILE",
+        config.text,
+        "PEM serving certificate of the extender (required in extender mode)",
+        "--extender-tls-cert-file",
+        "none",
+    ),
+    Setting(
+        "extender_tls_key_file",
+        "GPU_SCHEDULER_EXTENDER_TLS_KEY_FILE",
+        config.text,
+        "PEM private key of that certificate",
+        "--extender-tls-key-file",
+        "none",
+    ),
+    Setting(
+        "extender_client_ca_file",
+        "GPU_SCHEDULER_EXTENDER_CLIENT_CA_FILE",
+        config.text,
+        "PEM CA: only clients with a certificate it signed may call the extender",
+        "--extender-client-ca-file",
+        "none (no client certificate asked)",
     ),
 )
 

@@ -35,6 +35,12 @@ WEBHOOK_SELECTOR = {
     "app.kubernetes.io/component": "webhook",
 }
 SCHEDULER_USER = f"system:serviceaccount:{NS}:{FULL}"
+KUBE_SCHEDULER = f"{FULL}-kube-scheduler"
+KUBE_SCHEDULER_SELECTOR = {
+    "app.kubernetes.io/name": "gpu-scheduler-kube-scheduler",
+    "app.kubernetes.io/instance": REL,
+    "app.kubernetes.io/component": "kube-scheduler",
+}
 
 
 def webhook_values(**extra: Any) -> dict[str, Any]:
@@ -215,9 +221,9 @@ def test_every_selector_selects_one_component(values_file: Path) -> None:
     assert selectors
     for name, selector in selectors:
         selected = [component for component, labels in pods.items() if matches(selector, labels)]
-        expected = "webhook" if name == WEBHOOK else "scheduler"
+        expected = {WEBHOOK: "webhook", KUBE_SCHEDULER: "kube-scheduler"}.get(name, "scheduler")
         assert selected == [expected], f"{name}: {selector} selects {selected}"
-        assert selector in (SELECTOR, WEBHOOK_SELECTOR), f"{name}: {selector}"
+        assert selector in (SELECTOR, WEBHOOK_SELECTOR, KUBE_SCHEDULER_SELECTOR), f"{name}: {selector}"
 
 
 def test_upgrade_from_the_single_deployment_chart_keeps_the_scheduler_deployment() -> None:
