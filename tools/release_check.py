@@ -44,7 +44,9 @@ def problems(tag: str | None = None) -> list[str]:
         if found != version:
             out.append(f"{chart}/Chart.yaml: appVersion is {found!r}, pyproject.toml version is {version!r}")
     if tag is not None and tag != f"v{version}":
-        out.append(f"release tag {tag!r} is not 'v{version}' (pyproject.toml version and the charts' appVersion)")
+        out.append(
+            f"release tag {tag!r} is not 'v{version}' (pyproject.toml version and the charts' appVersion)"
+        )
     return out
 
 

@@ -35,7 +35,7 @@ from localcluster.procs import ManagedProcess
 from localcluster.release import CHECK_CHART, chart_path, install_chart
 from tests.integration.fixtures_scheduler import statefulset, wait_for
 from tests.integration.fixtures_webhook import WebhookServer, register_webhooks
-from tests.support.fakenvml import fake_nvml, nvml_env  # noqa: F401 (fixture)
+from tests.support.fakenvml import nvml_env
 
 pytestmark = pytest.mark.cluster
 
@@ -123,7 +123,14 @@ def run_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def assert_placement_matches(res: subprocess.CompletedProcess[str]) -> None:
     """Every check passed, the NVML ones included (the fake NVML has the node's 4 GPUs)."""
     checks = checks_of(res.stderr)
-    for name in ("map", "ordinal", "node", "env:CUDA_VISIBLE_DEVICES", "env:CUDA_DEVICE_ORDER", "nvml:indices"):
+    for name in (
+        "map",
+        "ordinal",
+        "node",
+        "env:CUDA_VISIBLE_DEVICES",
+        "env:CUDA_DEVICE_ORDER",
+        "nvml:indices",
+    ):
         assert checks[name]["ok"] is True, (name, checks[name])
     assert all(d["ok"] is True for d in checks.values()), checks
     assert res.returncode == 0, res.stderr

@@ -6,9 +6,8 @@ library, the same lookup that finds the driver's library on a GPU node. The
 C source says which functions it implements and which ``FAKE_NVML_*`` variables
 configure it; :func:`nvml_env` builds them.
 
-Use the ``fake_nvml`` fixture (session scope: compiled once per test session)::
-
-    from tests.support.fakenvml import fake_nvml, nvml_env  # noqa: F401 (fixture)
+The ``fake_nvml`` fixture (tests/integration/fixtures_packaging.py) compiles it once
+per session::
 
     def test_x(fake_nvml: Path) -> None:
         env = nvml_env(fake_nvml, gpus=4, lost=[3])
@@ -44,7 +43,18 @@ def build(out_dir: Path) -> Path:
         pytest.fail("no C compiler (cc) on PATH: the fake NVML library is built at test time")
     out_dir.mkdir(parents=True, exist_ok=True)
     res = subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(out_dir / LIBRARY), str(SOURCE)],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(out_dir / LIBRARY),
+            str(SOURCE),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -81,9 +91,3 @@ def nvml_env(
     if init_error is not None:
         env["FAKE_NVML_INIT_ERROR"] = str(init_error)
     return env
-
-
-@pytest.fixture(scope="session")
-def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Directory holding the compiled fake ``libnvidia-ml.so.1``."""
-    return build(tmp_path_factory.mktemp("fakenvml"))

@@ -23,7 +23,7 @@ from tests.support.charts import (
     render,
     template,
 )
-from tests.support.fakenvml import fake_nvml, nvml_env  # noqa: F401 (fixture)
+from tests.support.fakenvml import nvml_env
 
 CHART = CHECK_CHART
 NS = "gpu-tests"
@@ -224,9 +224,7 @@ def test_gpu_less_ci_scenarios_declare_it(values_file: Path) -> None:
 
 
 @pytest.mark.parametrize(("declared", "exit_code"), [(None, 1), ("true", 0), ("false", 1)])
-def test_expect_no_gpu_reaches_the_check(
-    fake_nvml: Path, declared: str | None, exit_code: int
-) -> None:
+def test_expect_no_gpu_reaches_the_check(fake_nvml: Path, declared: str | None, exit_code: int) -> None:
     """The rendered container env, with the downward-API values a pod would get, run by the check
     where NVML cannot initialise (the fake answers "driver not loaded")."""
     set_args = [f"check.expectNoGPU={declared}"] if declared else []

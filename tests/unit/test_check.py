@@ -309,7 +309,12 @@ def test_query_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_nvml_unavailable_fails_unless_no_gpu_is_declared() -> None:
     # The check cannot pass by not looking: no NVML means the devices are not verified.
     (r,) = nvml_results(settings(), Entry(1, "node2", (2,)), no_nvml())
-    assert (r.check, r.expected, r.actual, r.ok) == ("nvml", "NVML available", "NVML not available: test", False)
+    assert (r.check, r.expected, r.actual, r.ok) == (
+        "nvml",
+        "NVML available",
+        "NVML not available: test",
+        False,
+    )
     assert "check.expectNoGPU" in r.extra["why"]
     # Declared explicitly (check chart check.expectNoGPU): one skipped line that says so.
     (r,) = nvml_results(settings(expect_no_gpu=True), Entry(1, "node2", (2,)), no_nvml())

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduling import check, nvml
-from tests.support.fakenvml import fake_nvml, nvml_env  # noqa: F401 (fixture)
+from tests.support.fakenvml import nvml_env
 
 CHECK_CMD = Path(sys.executable).parent / "gpu-scheduler-check"
 
@@ -395,6 +395,14 @@ def test_http_get_tls_with_cafile(https_server: tuple[str, Path]) -> None:
     res = http_get(f"{url}/ok", "--retries", "0")  # system CAs do not know this server
     assert res.returncode == 1
     assert "CERTIFICATE_VERIFY_FAILED" in res.stderr
+
+
+def test_http_get_missing_cafile_is_one_line(https_server: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = https_server
+    res = http_get(f"{url}/ok", "--cafile", str(tmp_path / "absent.crt"), "--retries", "0")
+    assert res.returncode == 1
+    (line,) = json_lines(res.stderr)  # json_lines refuses a traceback
+    assert line["msg"].startswith(f"cannot load --cafile {tmp_path / 'absent.crt'}: FileNotFoundError")
 
 
 def test_http_get_rejects_other_schemes() -> None:

@@ -20,11 +20,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gpu_scheduling.check import Settings
 from gpu_scheduling.check.seen import TERMINATION_MESSAGE_LIMIT, termination_message
-from tests.support.fakenvml import default_bus_id, default_uuid, fake_nvml, nvml_env  # noqa: F401
+from tests.support.fakenvml import default_bus_id, default_uuid, nvml_env
 
 CHECK_CMD = Path(sys.executable).parent / "gpu-scheduler-check"
 DRIVER = "999.01.02-fake"  # proves the fake was loaded, not a driver of this machine
@@ -144,7 +142,9 @@ def test_nvidia_mode_a_mapped_gpu_missing(fake_nvml: Path) -> None:
     assert code == 1
     count = checks(lines)["nvml:count"]
     assert (count["expected"], count["actual"], count["ok"]) == (2, 1, False)
-    assert seen_line(lines)["gpus"] == [{"index": 0, "uuid": default_uuid(2), "pci_bus_id": default_bus_id(2)}]
+    assert seen_line(lines)["gpus"] == [
+        {"index": 0, "uuid": default_uuid(2), "pci_bus_id": default_bus_id(2)}
+    ]
 
 
 def test_cuda_mode_a_mapped_gpu_missing(fake_nvml: Path) -> None:
@@ -204,7 +204,11 @@ def test_serve_reports_what_it_saw(fake_nvml: Path, tmp_path: Path) -> None:
     try:
         body = wait_json(f"http://127.0.0.1:{port}/checks", proc)
         assert body["ok"] is True
-        assert body["seen"]["gpus"][2] == {"index": 2, "uuid": default_uuid(2), "pci_bus_id": default_bus_id(2)}
+        assert body["seen"]["gpus"][2] == {
+            "index": 2,
+            "uuid": default_uuid(2),
+            "pci_bus_id": default_bus_id(2),
+        }
         assert message.read_text() == ""  # written on exit, not on every run
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0

@@ -88,7 +88,16 @@ def test_every_make_target_a_job_calls_exists() -> None:
                 for target in m.group(1).split():
                     assert target in targets, f"job {name}: make {target} is not a target"
                     called.add(target)
-    assert {"lint", "yamllint", "hadolint", "chart-lint", "test", "package", "deploy-hint", "release-check"} <= called
+    assert {
+        "lint",
+        "yamllint",
+        "hadolint",
+        "chart-lint",
+        "test",
+        "package",
+        "deploy-hint",
+        "release-check",
+    } <= called
 
 
 def test_every_job_but_the_image_build_runs_make() -> None:

@@ -50,7 +50,9 @@ def registry_image() -> str:
 
 def build_job() -> dict[str, Any]:
     ci = yaml.safe_load((REPO / ".gitlab-ci.yml").read_text())
-    (job,) = [j for j in ci.values() if isinstance(j, dict) and "/kaniko/executor" in "\n".join(j.get("script", []))]
+    (job,) = [
+        j for j in ci.values() if isinstance(j, dict) and "/kaniko/executor" in "\n".join(j.get("script", []))
+    ]
     return dict(job)
 
 
@@ -77,7 +79,12 @@ def pushed(tmp_path: Path, **ci_env: str) -> list[str]:
         **ci_env,
     }
     res = subprocess.run(
-        ["sh", "-e", "-c", variables + "\n" + script], env=env, capture_output=True, text=True, timeout=60
+        ["sh", "-e", "-c", variables + "\n" + script],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert res.returncode == 0, res.stderr
     return res.stdout.split()
@@ -88,7 +95,11 @@ def default_images(chart: Path) -> set[str]:
     images: set[str] = set()
     for doc in render(chart):
         spec = doc.get("spec") or {}
-        pod = spec if doc["kind"] == "Pod" else (spec.get("jobTemplate", {}).get("spec") or spec).get("template", {}).get("spec")
+        pod = (
+            spec
+            if doc["kind"] == "Pod"
+            else (spec.get("jobTemplate", {}).get("spec") or spec).get("template", {}).get("spec")
+        )
         for c in [*(pod or {}).get("initContainers", []), *(pod or {}).get("containers", [])]:
             images.add(c["image"])
     return images
