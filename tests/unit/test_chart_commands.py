@@ -30,7 +30,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -226,7 +225,6 @@ def test_every_chart_container_starts_from_the_wheel(
     items = containers()
     commands = {c.command[0] for c in items}
     assert commands == {"gpu-scheduler", "gpu-scheduler-webhook", "gpu-scheduler-check"}, commands
-    started = time.monotonic()
     # The check pods' NVML: the fake library with 4 GPUs (the defaults map GPUs 0-2).
     outcomes = smoke_all(wheel_venv, items, tmp_path, nvml_env(fake_nvml, gpus=4))
     failed = {o.container.where: (o.argv, o.code, o.problems()) for o in outcomes if o.problems()}
@@ -234,7 +232,6 @@ def test_every_chart_container_starts_from_the_wheel(
     # Every program at least logged (so it ran its own code, not just an import).
     silent = [o.container.where for o in outcomes if not o.stderr.strip()]
     assert not silent, silent
-    assert time.monotonic() - started < 300  # bounded: SMOKE_SECONDS per process, a few in parallel
 
 
 def test_a_wrong_entry_point_or_flag_fails(wheel_venv: WheelVenv, tmp_path: Path) -> None:
