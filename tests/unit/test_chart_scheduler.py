@@ -309,7 +309,10 @@ def test_scheduler_injection_settings_follow_the_webhook(
 
 def test_image_defaults_to_app_version_and_can_be_pinned() -> None:
     dep = one(render(CHART), "Deployment")
-    assert container(dep, "scheduler")["image"] == "gpu-scheduler:0.1.0"
+    assert (
+        container(dep, "scheduler")["image"]
+        == "registry.gitlab.com/evgenii19/gpu-scheduler/gpu-scheduler:0.1.0"
+    )
     dep = one(
         render(
             CHART, set_args=["image.repository=reg.example/gs", "image.tag=abc123", "image.pullPolicy=Always"]
