@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.kubeclient import ApiError, api_error, read_json
 from gpu_scheduling.objects import Pod
-from scheduler.kube import discard, rfc3339
+from scheduler.kube import discard, rfc3339, send_json
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -90,19 +90,24 @@ class PodWriter:
 
     def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
         view, name, namespace = _named(pod)
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=view.name, uid=view.uid or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
+        metadata: dict[str, Any] = {"name": name}
+        if view.uid:
+            metadata["uid"] = view.uid  # a precondition: never bind a newer pod of the same name
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": metadata,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
         try:
-            resp = self._raw(
-                self._core.create_namespaced_pod_binding,
-                name,
-                namespace,
+            send_json(
+                self._core.api_client,
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
                 body,
-                field_manager=self._field_manager,
+                TIMEOUT,
+                query=[("fieldManager", self._field_manager)],
             )
-            discard(resp)
             return BindResult(BindOutcome.BOUND, node)
         except ApiException as err:
             kind = api_error(err)

@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_scheduling.kubeclient import ApiError, api_error, error_message
 from gpu_scheduling.objects import Pod
 from scheduler.binding import MERGE_PATCH, TIMEOUT
-from scheduler.kube import discard, micro_datetime, micro_time
+from scheduler.kube import discard, micro_time, send_json
 
 log = logging.getLogger("gpu_scheduler.events")
 
@@ -140,7 +140,7 @@ class EventRecorder:
                 "create",
                 regarding.namespace or "",
                 name,
-                self._event_about(regarding, name, "Warning", reason, truncate(note), action),
+                self._event_about(_reference(regarding), name, "Warning", reason, truncate(note), action),
             )
         )
 
@@ -241,10 +241,13 @@ class EventRecorder:
                         del self._seen[uid]
             return
         try:
-            resp = self._api.create_namespaced_event(
-                write.namespace, write.body, _preload_content=False, _request_timeout=TIMEOUT
+            send_json(
+                self._api.api_client,
+                "POST",
+                f"/apis/events.k8s.io/v1/namespaces/{write.namespace}/events",
+                write.body,
+                TIMEOUT,
             )
-            discard(resp)
         except ApiException as err:
             if api_error(err) is not ApiError.CONFLICT:  # the same name already written: nothing to add
                 raise
@@ -256,28 +259,41 @@ class EventRecorder:
         # Like client-go: the object's name and a timestamp in hex.
         return f"{(name if name is not None else 'pod')[:230]}.{time.time_ns():x}"
 
-    def _event(self, pod: Pod, name: str, kind: str, reason: str, note: str) -> client.EventsV1Event:
-        regarding = client.V1ObjectReference(
-            api_version="v1",
-            kind="Pod",
-            namespace=pod.namespace,
-            name=pod.name,
-            uid=pod.uid or None,
-            resource_version=pod.resource_version,
-        )
+    def _event(self, pod: Pod, name: str, kind: str, reason: str, note: str) -> dict[str, Any]:
+        regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
+        if pod.uid:
+            regarding["uid"] = pod.uid
+        if pod.resource_version:
+            regarding["resourceVersion"] = pod.resource_version
         return self._event_about(regarding, name, kind, reason, note, ACTION)
 
     def _event_about(
-        self, regarding: client.V1ObjectReference, name: str, kind: str, reason: str, note: str, action: str
-    ) -> client.EventsV1Event:
-        return client.EventsV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=regarding.namespace),
-            event_time=micro_datetime(),
-            type=kind,
-            reason=reason,
-            action=action,
-            note=note,
-            regarding=regarding,
-            reporting_controller=self._controller,
-            reporting_instance=self._instance,
-        )
+        self, regarding: Mapping[str, Any], name: str, kind: str, reason: str, note: str, action: str
+    ) -> dict[str, Any]:
+        """An events.k8s.io/v1 Event as the API takes it (a plain dict: no model objects)."""
+        return {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": regarding.get("namespace")},
+            "eventTime": micro_time(),
+            "type": kind,
+            "reason": reason,
+            "action": action,
+            "note": note,
+            "regarding": dict(regarding),
+            "reportingController": self._controller,
+            "reportingInstance": self._instance,
+        }
+
+
+def _reference(ref: client.V1ObjectReference) -> dict[str, Any]:
+    """A typed object reference as the API's JSON (camelCase, no empty fields)."""
+    fields = {
+        "apiVersion": ref.api_version,
+        "kind": ref.kind,
+        "namespace": ref.namespace,
+        "name": ref.name,
+        "uid": ref.uid,
+        "resourceVersion": ref.resource_version,
+    }
+    return {k: v for k, v in fields.items() if v}

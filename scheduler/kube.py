@@ -6,7 +6,10 @@ The client itself comes from :func:`gpu_scheduling.kubeclient.load_client`.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 UTC = dt.UTC
 
@@ -55,3 +58,41 @@ def discard(resp: Any) -> None:
         resp.read()
     finally:
         resp.release_conn()
+
+
+def send_json(
+    api_client: Any,
+    method: str,
+    path: str,
+    body: Mapping[str, Any],
+    timeout: tuple[float, float],
+    query: Sequence[tuple[str, str]] = (),
+) -> None:
+    """One write on the hot path, a plain dict in and nothing read back but the status.
+
+    The generated API methods validate every argument with pydantic and build model
+    objects, which the profile showed to be most of this process's CPU per pod
+    (docs/benchmarks.md). This uses the same ApiClient (its connection pool, TLS, and
+    credentials, refreshed tokens included) one layer down. Errors are the client's own
+    ``ApiException`` (``api_error`` reads them as before).
+    """
+    method, url, headers, data, post = api_client.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=list(query),
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=dict(body),
+        auth_settings=["BearerToken"],
+    )
+    resp = api_client.call_api(
+        method, url, header_params=headers, body=data, post_params=post, _request_timeout=timeout
+    )
+    try:
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            text = resp.data.decode("utf-8", "replace") if resp.data else None
+            raise ApiException.from_response(http_resp=resp, body=text, data=None)
+    finally:
+        release = getattr(resp.response, "release_conn", None)
+        if release is not None:
+            release()

@@ -42,13 +42,17 @@ def test_repeats_are_folded_and_a_new_message_makes_a_new_event() -> None:
     [created] = drain(rec)
     assert created.kind == "create"
     body = created.body
-    assert body.type == "Warning"
-    assert body.reason == "FailedScheduling"
-    assert body.action == "Scheduling"
-    assert body.reporting_controller == "gpu-scheduler"
-    assert body.regarding.kind == "Pod"
-    assert (body.regarding.namespace, body.regarding.name, body.regarding.uid) == ("ns", "w-0", "u1")
-    assert body.note == "NodeNotFound: node 'x' does not exist"
+    # The API's JSON (events.k8s.io/v1), camelCase.
+    assert (body["apiVersion"], body["kind"]) == ("events.k8s.io/v1", "Event")
+    assert body["type"] == "Warning"
+    assert body["reason"] == "FailedScheduling"
+    assert body["action"] == "Scheduling"
+    assert body["reportingController"] == "gpu-scheduler"
+    assert body["regarding"]["kind"] == "Pod"
+    regarding = body["regarding"]
+    assert (regarding["namespace"], regarding["name"], regarding["uid"]) == ("ns", "w-0", "u1")
+    assert body["note"] == "NodeNotFound: node 'x' does not exist"
+    assert body["eventTime"].endswith("Z") and len(body["eventTime"]) == len("2026-01-01T00:00:00.000000Z")
     assert created.name.startswith("w-0.")
 
     assert rec.warning(pod(), "FailedScheduling", "NodeNotReady: node 'x' is not Ready")
@@ -87,7 +91,7 @@ def test_normal_events_are_always_written() -> None:
     rec.normal(pod(), "Scheduled", "Successfully assigned ns/w-0 to node1")
     rec.normal(pod(), "Scheduled", "Successfully assigned ns/w-0 to node1")
     writes = drain(rec)
-    assert [w.body.type for w in writes] == ["Normal", "Normal"]
+    assert [w.body["type"] for w in writes] == ["Normal", "Normal"]
 
 
 def test_notes_are_cut_to_the_api_limit() -> None:
@@ -112,7 +116,7 @@ def test_warnings_go_first_and_normal_events_wait_while_busy_up_to_the_limit() -
     rec.normal(pod("a", "a-0"), "Scheduled", "bound a")
     rec.warning(pod("b", "b-0"), "FailedScheduling", "GPUInUse: ...")
     first = rec._next()
-    assert first is not None and first.body.reason == "FailedScheduling"  # queued later, sent first
+    assert first is not None and first.body["reason"] == "FailedScheduling"  # queued later, sent first
     # Busy and not yet waited long: the sender waits (here: the clock moves on instead).
     waited = []
 
@@ -123,7 +127,7 @@ def test_warnings_go_first_and_normal_events_wait_while_busy_up_to_the_limit() -
 
     rec._cond.wait = tick  # type: ignore[method-assign]
     second = rec._next()
-    assert second is not None and second.body.reason == "Scheduled"
+    assert second is not None and second.body["reason"] == "Scheduled"
     assert waited == [0.0, 10.0, 20.0]  # released by defer_max (30 s), although still busy
     rec.normal(pod("c", "c-0"), "Scheduled", "bound c")
     busy[0] = False
