@@ -40,7 +40,7 @@ from gpu_scheduling.rules import (
     node_signature,
     room_refusals,
 )
-from gpu_scheduling.schedmap import ANNOTATION
+from gpu_scheduling.schedmap import ANNOTATION, shared_text
 from scheduler.binding import BindOutcome, PodWriter, truncate_message
 from scheduler.events import EventRecorder
 from scheduler.leader import LeaderElector
@@ -79,6 +79,20 @@ def is_pending(pod: Mapping[str, Any]) -> bool:
     """Waiting for a node: not bound, not being deleted, not finished."""
     view = Pod(pod)
     return not view.node_name and not view.deleting and view.phase in (None, "Pending")
+
+
+def share_map_text(pod: Obj) -> Obj:
+    """What the cache keeps of one of our pods: all but managedFields, its map text shared with
+    every other pod carrying the same map (``schedmap.shared_text``)."""
+    meta = pod.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            text = annotations.get(ANNOTATION)
+            if isinstance(text, str):
+                annotations[ANNOTATION] = shared_text(text)
+    return pod
 
 
 def is_gated(pod: Mapping[str, Any]) -> bool:
@@ -160,6 +174,7 @@ class Scheduler:
             _Handler(self._pod_added, self._pod_updated, self._pod_deleted),
             field_selector=f"spec.schedulerName={settings.scheduler_name}",
             on_relist=self._relisted,
+            transform=share_map_text,
         )
         # Every bound, non-terminated pod (whoever placed it), as a footprint: what the fit checks count.
         self.assigned = Informer(

@@ -329,3 +329,29 @@ def test_parse_cached_from_many_threads() -> None:
         t.join(timeout=60)
     assert not failures
     assert parse_cache_size()[0] == 35  # 7 x 5 distinct texts
+
+
+def test_equal_map_texts_are_kept_once_by_the_schedulers_pod_cache() -> None:
+    from gpu_scheduling.schedmap import parse_cache_clear, shared_text
+    from scheduler.core import share_map_text
+
+    parse_cache_clear()
+    text = "".join(f"{i}=node{i % 7}:{i % 8}\n" for i in range(3000))
+    pods = [
+        share_map_text(
+            {
+                "metadata": {
+                    "name": f"w-{i}",
+                    "annotations": {"gpu-scheduling-map": "".join(text)},  # a fresh copy, as a decoded event
+                    "managedFields": [{"manager": "x"}],
+                }
+            }
+        )
+        for i in range(3)
+    ]
+    kept = [p["metadata"]["annotations"]["gpu-scheduling-map"] for p in pods]
+    assert kept[0] == text and kept[0] is kept[1] is kept[2]
+    assert all("managedFields" not in p["metadata"] for p in pods)
+    # A text the cache refuses to keep (over the size cap) is left as it is, not copied.
+    huge = "x" * (2 * 1024 * 1024)
+    assert shared_text(huge) is huge
