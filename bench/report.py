@@ -233,6 +233,9 @@ def memory_table(results: Results, scale: Scale) -> str:
     return text
 
 
+# The hand-written part of docs/benchmarks.md: before and after, and what limits it now.
+STORY = Path(__file__).with_name("story.md")
+
 COMPONENTS = (
     "kube-apiserver",
     "etcd",
@@ -431,6 +434,8 @@ On 2 cores, the sum is what bounds the throughput: 2,000 ms of CPU per second ar
 ### The scheduler's own profile
 
 {profile_section(results)}
+
+{STORY.read_text().strip()}
 """
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
