@@ -341,21 +341,16 @@ class Cluster:
     def _start_service_proxy(self, timeout: float) -> None:
         import sys
 
+        import tempfile
+
         self.services_file.write_text("{}")
-        port = free_port()
+        # A short path: a Unix socket's name is limited to ~100 bytes.
+        sock = Path(tempfile.mkdtemp(prefix="gs-svc-")) / "proxy.sock"
         proc = self._spawn(
             "svcproxy",
-            [
-                sys.executable,
-                "-m",
-                "localcluster.svcproxy",
-                "--port",
-                str(port),
-                "--map",
-                str(self.services_file),
-            ],
+            [sys.executable, "-m", "localcluster.svcproxy", "--socket", str(sock), "--map", str(self.services_file)],
         )
-        self.wait_until(lambda: _port_open(port), timeout, "the Service proxy")
+        self.wait_until(sock.exists, timeout, "the Service proxy")
         if not proc.running():
             raise proc.fail("exited during start-up")
         config = self.workdir / "egress-selector.yaml"
@@ -369,7 +364,7 @@ class Cluster:
                             "name": "cluster",
                             "connection": {
                                 "proxyProtocol": "HTTPConnect",
-                                "transport": {"tcp": {"url": f"http://127.0.0.1:{port}"}},
+                                "transport": {"uds": {"udsName": str(sock)}},
                             },
                         }
                     ],
@@ -383,11 +378,16 @@ class Cluster:
         return [f"--egress-selector-config-file={config}"] if config.exists() else []
 
     def register_service(self, namespace: str, name: str, port: int, target_port: int) -> None:
-        """Route the apiserver's calls to Service ``namespace/name:port`` to 127.0.0.1:``target_port``."""
+        """Route the apiserver's calls to Service ``namespace/name:port`` (which must exist: the
+        apiserver dials its ClusterIP) to 127.0.0.1:``target_port``."""
         if not self.services_file.exists():
             raise RuntimeError("this control plane was started without service_network=True")
         table = json.loads(self.services_file.read_text())
         table[f"{name}.{namespace}.svc:{port}"] = target_port
+        # kube-apiserver dials a Service webhook at the Service's ClusterIP.
+        ip = self.kubectl("get", "service", name, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}").stdout.strip()
+        if ip and ip != "None":
+            table[f"{ip}:{port}"] = target_port
         tmp = self.services_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table))
         tmp.replace(self.services_file)
@@ -682,12 +682,6 @@ class Cluster:
 
     def ca_bundle(self) -> str:
         return base64.b64encode(self.ca_file.read_bytes()).decode()
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _dump(manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> str:

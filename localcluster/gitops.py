@@ -51,8 +51,9 @@ def _base_env(cluster: Cluster) -> dict[str, str]:
 
 # ---------------------------------------------------------------- cert-manager
 def cert_manager_manifests(cluster: Cluster) -> list[dict[str, Any]]:
-    """cert-manager's CRDs, namespace-less RBAC-free objects the API needs: CRDs and the
-    webhook configurations, rendered from the chart in the pinned module."""
+    """What the API needs of cert-manager, rendered from the chart in the pinned module:
+    its CRDs, its webhook configurations and its webhook's Service (no workloads, no RBAC:
+    the components run as host processes with the admin kubeconfig)."""
     chart = tool("cert-manager-controller").parent.parent / "chart"
     out = cluster.helm(
         "template",
@@ -64,7 +65,13 @@ def cert_manager_manifests(cluster: Cluster) -> list[dict[str, Any]]:
         "crds.enabled=true",
     ).stdout
     keep = {"CustomResourceDefinition", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
-    return [d for d in yaml.safe_load_all(out) if d and d.get("kind") in keep]
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    # The webhook's Service too: the apiserver looks it up before it dials NAME.NS.svc.
+    return [
+        d
+        for d in docs
+        if d.get("kind") in keep or (d.get("kind") == "Service" and d["metadata"]["name"] == CM_WEBHOOK_SERVICE)
+    ]
 
 
 def start_cert_manager(cluster: Cluster, timeout: float = 120) -> None:
@@ -75,7 +82,8 @@ def start_cert_manager(cluster: Cluster, timeout: float = 120) -> None:
     cluster.apply(docs)
     env = _base_env(cluster)
     port, healthz = free_port(), free_port()
-    cluster.register_service(CERT_MANAGER_NS, CM_WEBHOOK_SERVICE, 443, port)
+    svc_port = next(d for d in docs if d["kind"] == "Service")["spec"]["ports"][0]["port"]
+    cluster.register_service(CERT_MANAGER_NS, CM_WEBHOOK_SERVICE, svc_port, port)
     _spawn(
         cluster,
         "cert-manager-webhook",

@@ -9,7 +9,10 @@ loopback port where the host process serves (``services.json``, re-read on every
 connection so the harness can register a webhook after the apiserver started).
 Anything unmapped is refused with 502; targets are loopback only::
 
-    python -m localcluster.svcproxy --port 40123 --map /tmp/w/services.json
+    python -m localcluster.svcproxy --socket /tmp/gs-svc-x/proxy.sock --map /tmp/w/services.json
+
+It listens on a Unix socket (mode 0600): kube-apiserver's HTTPConnect egress over
+TCP insists on TLS, over a Unix socket it does not.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ MAX_HEADER = 8192
 
 
 def lookup(map_file: Path, target: str) -> tuple[str, int] | None:
-    """``NAME.NS.svc:PORT`` (or ``...svc.cluster.local:PORT``) -> a loopback (host, port), or None."""
+    """``NAME.NS.svc:PORT``, ``...svc.cluster.local:PORT`` or ``CLUSTER-IP:PORT`` -> a loopback (host, port), or None."""
     try:
         table = json.loads(map_file.read_text())
     except (OSError, ValueError):
@@ -82,22 +85,23 @@ async def handle(map_file: Path, reader: asyncio.StreamReader, writer: asyncio.S
     await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
 
-async def serve(port: int, map_file: Path) -> None:
-    server = await asyncio.start_server(
-        lambda r, w: handle(map_file, r, w), "127.0.0.1", port, limit=MAX_HEADER
+async def serve(socket_path: Path, map_file: Path) -> None:
+    server = await asyncio.start_unix_server(
+        lambda r, w: handle(map_file, r, w), str(socket_path), limit=MAX_HEADER
     )
+    socket_path.chmod(0o600)
     async with server:
         await server.serve_forever()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--socket", type=Path, required=True)
     parser.add_argument("--map", type=Path, required=True)
     args = parser.parse_args(argv)
     setup_logging()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port, args.map))
+        asyncio.run(serve(args.socket, args.map))
 
 
 if __name__ == "__main__":

@@ -253,7 +253,7 @@ build_argocd() {
   mkdir -p "$argocd_dir/config" "$argocd_dir/crds"
   install -m 0644 "$mod"/manifests/base/config/*.yaml "$argocd_dir/config/"
   install -m 0644 "$mod"/manifests/crds/*-crd.yaml "$argocd_dir/crds/"
-  ARGOCD_BINARY_NAME=argocd-repo-server "$argocd_dir/bin/argocd" version >&2 2>&1 | head -n 3 >&2 || true
+  "$argocd_dir/bin/argocd" version --client --short >&2
   touch "$argocd_dir/.done"
 }
 

@@ -15,6 +15,7 @@ import (
 	cmscheme "github.com/cert-manager/cert-manager/pkg/client/clientset/versioned/scheme"
 	"github.com/cert-manager/cert-manager/pkg/controller/cainjector"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
+	"github.com/cert-manager/cert-manager/pkg/util"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -33,12 +34,16 @@ func fail(err error) {
 }
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster to manage")
-	flag.Parse()
+	// Its own flag set: controller-runtime registers --kubeconfig on the global one.
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster to manage")
+	_ = fs.Parse(os.Args[1:])
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fail(err)
 	}
+	// The field manager of its apply patches comes from the user agent.
+	cfg = util.RestConfigWithUserAgent(cfg, "cainjector")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctrl.SetLogger(logf.Log)

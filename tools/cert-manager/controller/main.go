@@ -36,10 +36,12 @@ import (
 )
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster to manage")
-	clusterNS := flag.String("cluster-resource-namespace", "cert-manager", "namespace of ClusterIssuer Secrets")
-	workers := flag.Int("workers", 2, "workers per controller")
-	flag.Parse()
+	// Its own flag set: controller-runtime registers --kubeconfig on the global one.
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster to manage")
+	clusterNS := fs.String("cluster-resource-namespace", "cert-manager", "namespace of ClusterIssuer Secrets")
+	workers := fs.Int("workers", 2, "workers per controller")
+	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "cert-manager-controller: --kubeconfig is required")
 		os.Exit(2)

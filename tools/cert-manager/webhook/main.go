@@ -23,13 +23,15 @@ import (
 )
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the cluster")
-	port := flag.Int("secure-port", 0, "HTTPS port of the admission endpoints")
-	healthz := flag.Int("healthz-port", 0, "HTTP port of /healthz and /livez")
-	namespace := flag.String("namespace", "cert-manager", "namespace of the serving CA Secret")
-	secret := flag.String("ca-secret", "cert-manager-webhook-ca", "name of the serving CA Secret")
-	dnsNames := flag.String("dns-names", "cert-manager-webhook,cert-manager-webhook.cert-manager,cert-manager-webhook.cert-manager.svc", "serving certificate DNS names")
-	flag.Parse()
+	// Its own flag set: controller-runtime registers --kubeconfig on the global one.
+	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster")
+	port := fs.Int("secure-port", 0, "HTTPS port of the admission endpoints")
+	healthz := fs.Int("healthz-port", 0, "HTTP port of /healthz and /livez")
+	namespace := fs.String("namespace", "cert-manager", "namespace of the serving CA Secret")
+	secret := fs.String("ca-secret", "cert-manager-webhook-ca", "name of the serving CA Secret")
+	dnsNames := fs.String("dns-names", "cert-manager-webhook,cert-manager-webhook.cert-manager,cert-manager-webhook.cert-manager.svc", "serving certificate DNS names")
+	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" || *port == 0 || *healthz == 0 {
 		fmt.Fprintln(os.Stderr, "cert-manager-webhook: --kubeconfig, --secure-port and --healthz-port are required")
 		os.Exit(2)
