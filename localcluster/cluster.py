@@ -340,7 +340,6 @@ class Cluster:
 
     def _start_service_proxy(self, timeout: float) -> None:
         import sys
-
         import tempfile
 
         self.services_file.write_text("{}")
@@ -348,7 +347,15 @@ class Cluster:
         sock = Path(tempfile.mkdtemp(prefix="gs-svc-")) / "proxy.sock"
         proc = self._spawn(
             "svcproxy",
-            [sys.executable, "-m", "localcluster.svcproxy", "--socket", str(sock), "--map", str(self.services_file)],
+            [
+                sys.executable,
+                "-m",
+                "localcluster.svcproxy",
+                "--socket",
+                str(sock),
+                "--map",
+                str(self.services_file),
+            ],
         )
         self.wait_until(sock.exists, timeout, "the Service proxy")
         if not proc.running():
@@ -385,7 +392,9 @@ class Cluster:
         table = json.loads(self.services_file.read_text())
         table[f"{name}.{namespace}.svc:{port}"] = target_port
         # kube-apiserver dials a Service webhook at the Service's ClusterIP.
-        ip = self.kubectl("get", "service", name, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}").stdout.strip()
+        ip = self.kubectl(
+            "get", "service", name, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
+        ).stdout.strip()
         if ip and ip != "None":
             table[f"{ip}:{port}"] = target_port
         tmp = self.services_file.with_suffix(".tmp")

@@ -70,7 +70,8 @@ def cert_manager_manifests(cluster: Cluster) -> list[dict[str, Any]]:
     return [
         d
         for d in docs
-        if d.get("kind") in keep or (d.get("kind") == "Service" and d["metadata"]["name"] == CM_WEBHOOK_SERVICE)
+        if d.get("kind") in keep
+        or (d.get("kind") == "Service" and d["metadata"]["name"] == CM_WEBHOOK_SERVICE)
     ]
 
 
@@ -151,7 +152,21 @@ def start_argocd(cluster: Cluster, timeout: float = 120, reconciliation: str = "
     cluster.kubectl("create", "namespace", ARGOCD_NS)
     cluster.kubectl("apply", "--server-side", "-f", str(home / "crds"))
     for crd in ("applications.argoproj.io", "applicationsets.argoproj.io", "appprojects.argoproj.io"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        cluster.wait_until(
+            lambda crd=crd: (
+                cluster.kubectl(
+                    "get",
+                    "crd",
+                    crd,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+                    check=False,
+                ).stdout.strip()
+                == "True"
+            ),
+            timeout,
+            f"CRD {crd} Established",
+        )
     configs = []
     for f in sorted((home / "config").glob("argocd-*.yaml")):
         doc = yaml.safe_load(f.read_text())
@@ -229,6 +244,8 @@ def start_argocd(cluster: Cluster, timeout: float = 120, reconciliation: str = "
         "argocd-applicationset-controller",
         [
             tool("argocd"),
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--namespace={ARGOCD_NS}",
             f"--argocd-repo-server={repo_server}",
             "--repo-server-plaintext",
             f"--metrics-addr=127.0.0.1:{free_port()}",
@@ -239,7 +256,9 @@ def start_argocd(cluster: Cluster, timeout: float = 120, reconciliation: str = "
             "--loglevel=info",
         ],
         {**env, "ARGOCD_BINARY_NAME": "argocd-applicationset-controller", "NAMESPACE": ARGOCD_NS},
-    ).wait_http(f"http://127.0.0.1:{probe}/healthz", timeout=timeout)
+    )
+    # Its probe server registers no checks (404 on /healthz): wait for the port.
+    cluster.wait_until(lambda: _open(f"127.0.0.1:{probe}"), timeout, "the applicationset-controller")
     return ArgoCD(repo_server=repo_server, redis=redis)
 
 
