@@ -128,6 +128,12 @@ def test_cainjector_cabundle_causes_no_out_of_sync(complete: GitOps) -> None:
     )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured 2026-11-22: a kubectl patch of the check StatefulSet's replicas stays for 180s "
+    "and the Application still reports Synced (RollingSync turns automated sync off; "
+    "ServerSideApply diff); open question for issue 11, see the helper's report",
+)
 def test_a_kubectl_edit_of_a_chart_resource_is_reverted(complete: GitOps) -> None:
     c = complete.cluster
     cm = get(
