@@ -30,9 +30,10 @@ from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
 from gpu_scheduling.injection import held_devices, plain_env, pod_containers
 
-ARMS = ("A", "B", "C", "L")
+ARMS = ("A", "E", "B", "C", "L")
 ARM_NAMES = {
     "A": "gpu-scheduler",
+    "E": "gpu-scheduler, existing pods",
     "B": "kube-scheduler (node affinity)",
     "C": "raw Binding, existing pods",
     "L": "raw Binding, while created",
@@ -135,8 +136,16 @@ def run_bind_arm(
     bind_threads: int,
     timeout: float,
     cpu: Callable[[], dict[str, float]] | None = None,
+    hold: Callable[[], None] | None = None,
+    go: Callable[[], float] | None = None,
 ) -> Run:
-    """Create ``pods`` in ``namespace`` (fresh, empty) and wait until all are bound."""
+    """Create ``pods`` in ``namespace`` (fresh, empty) and wait until all are bound.
+
+    Arm E (the gpu-scheduler on existing pods, C's counterpart): ``hold()`` keeps the
+    scheduler from placing anything (its Lease is held by someone else) while the pods are
+    created; once all are seen, ``go()`` gives the Lease back and returns the moment the
+    scheduler took it: the clock starts there, as C's starts at its first Binding.
+    """
     nodes = {p.name: p.node for p in pods}
     bind_sent: dict[str, float] = {}
     pending: queue.Queue[tuple[str, str] | None] = queue.Queue()
@@ -160,7 +169,15 @@ def run_bind_arm(
             live_binders = [threading.Thread(target=drain, daemon=True) for _ in range(bind_threads)]
             for t in live_binders:
                 t.start()
+        if arm == "E":
+            assert hold is not None and go is not None
+            hold()
         start, _ = run_parallel(create_threads, creator(raw, namespace), pods)
+        if arm == "E":
+            assert go is not None
+            if not watch.wait_seen(len(pods), timeout):
+                raise ApiError(f"{namespace}: only {len(watch.seen)} of {len(pods)} pods seen on the watch")
+            start = go()
         if arm == "C":
             if not watch.wait_seen(len(pods), timeout):
                 raise ApiError(f"{namespace}: only {len(watch.seen)} of {len(pods)} pods seen on the watch")
@@ -174,8 +191,11 @@ def run_bind_arm(
         if cpu:
             cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu().items()}
         last = max(watch.bound.values())
-        origin = bind_sent if arm == "C" else watch.seen
-        latencies = [watch.bound[n] - origin[n] for n in nodes]
+        if arm == "E":  # from the scheduler's start: every pod was waiting for it
+            latencies = [watch.bound[n] - start for n in nodes]
+        else:
+            origin = bind_sent if arm == "C" else watch.seen
+            latencies = [watch.bound[n] - origin[n] for n in nodes]
     finally:
         for _ in live_binders:
             pending.put(None)

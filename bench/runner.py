@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,12 +33,13 @@ from typing import Any
 
 from bench import arms
 from bench.arms import ARMS, WEBHOOK_LABEL, Run, create_namespace, delete_pods
-from bench.raw import Raw, run_parallel
+from bench.raw import ApiError, Raw, run_parallel
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
-from localcluster.scheduler_host import run_scheduler
+from localcluster.scheduler_host import http_url, run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
+from scheduler.kube import micro_time
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = "gpu-scheduler"
@@ -234,18 +236,22 @@ class Bench:
         self.foreign_memory()
 
     def foreign_memory(self) -> None:
-        """Scheduler RSS with many pods that are not its own (another schedulerName, never bound)."""
+        """Scheduler RSS with many pods that are not its own (another schedulerName, bound to the
+        nodes: the fit checks watch every bound pod, keeping a small footprint of each)."""
         assert self.raw is not None and self.scheduler is not None
         raw, ns = self.raw, "b-foreign"
         create_namespace(raw, ns)
         path = f"/api/v1/namespaces/{ns}/pods"
-        bodies = foreign_pods(self.scale.foreign)
+        nodes = self.scale.groups[0][0]
+        bodies = foreign_pods(self.scale.foreign, nodes)
         start, end = run_parallel(
             self.scale.create_threads, lambda b: raw.request("POST", path, b, ok=(201,)), bodies
         )
         time.sleep(3)
         self.results.memory["scheduler_foreign"] = rss_mib(self.scheduler.pid)
-        self.results.memory_notes["foreign"] = f"{self.scale.foreign} pending pods of schedulerName {NOBODY}"
+        self.results.memory_notes["foreign"] = (
+            f"{self.scale.foreign} pods of another scheduler, bound to the {nodes} nodes"
+        )
         log(
             f"{self.scale.foreign} foreign pods created in {end - start:.1f} s; "
             f"scheduler RSS {self.results.memory['scheduler_foreign']} MiB"
@@ -350,7 +356,7 @@ class Bench:
 
     def bind_run(self, arm: str, plan: Plan, rep: int, measure_memory: bool = False) -> Run:
         assert self.raw is not None and self.scheduler is not None
-        scheduler_name = {"A": SCHEDULER, "B": "default-scheduler"}.get(arm, NOBODY)
+        scheduler_name = {"A": SCHEDULER, "E": SCHEDULER, "B": "default-scheduler"}.get(arm, NOBODY)
         pods = bind_pods(plan, scheduler_name=scheduler_name, pin=arm == "B")
         ns = self.namespace(f"{arm}-{plan.key}")
         try:
@@ -365,6 +371,8 @@ class Bench:
                 bind_threads=self.scale.bind_threads,
                 timeout=self.scale.timeout,
                 cpu=self.cpu,
+                hold=self.hold_lease,
+                go=self.release_lease,
             )
             if measure_memory:
                 time.sleep(2)
@@ -374,6 +382,51 @@ class Bench:
             delete_pods(self.raw, ns)
         return run
 
+    # -- arm E: the scheduler kept from leading while its pods are created ------------------
+
+    LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NS}/leases/{SCHEDULER}"
+    HOLDER = "bench-holds-the-lease"
+
+    def _write_lease(self, holder: str | None) -> None:
+        assert self.raw is not None
+        for _ in range(50):
+            lease = self.raw.get(self.LEASE)
+            spec = lease.setdefault("spec", {})
+            spec["holderIdentity"] = holder
+            spec["leaseDurationSeconds"] = 100  # under 10x the scheduler's 15 s: not "absurd"
+            spec["renewTime"] = spec["acquireTime"] = micro_time()
+            try:
+                self.raw.request("PUT", self.LEASE, json.dumps(lease).encode(), ok=(200,), tries=1)
+                return
+            except ApiError as err:
+                if "HTTP 409" not in str(err):
+                    raise
+        raise ApiError("could not write the scheduler's Lease (409 fifty times)")
+
+    def _scheduler_leads(self) -> bool:
+        assert self.scheduler is not None
+        with urllib.request.urlopen(http_url(self.scheduler, "/health"), timeout=5) as resp:  # noqa: S310 (http://127.0.0.1)
+            return bool(json.loads(resp.read()).get("leader"))
+
+    def hold_lease(self) -> None:
+        """Take the scheduler's Lease, and wait until it has stopped leading."""
+        self._write_lease(self.HOLDER)
+        deadline = time.monotonic() + 60
+        while self._scheduler_leads():
+            if time.monotonic() > deadline:
+                raise ApiError("the scheduler still leads 60 s after its Lease was taken")
+            time.sleep(0.05)
+
+    def release_lease(self) -> float:
+        """Give the Lease back; the moment the scheduler leads again (it polls every 2 s)."""
+        self._write_lease(None)
+        deadline = time.monotonic() + 60
+        while not self._scheduler_leads():
+            if time.monotonic() > deadline:
+                raise ApiError("the scheduler did not take its Lease back within 60 s")
+            time.sleep(0.01)
+        return time.monotonic()
+
     def bind_arms(self) -> None:
         for index, (nodes, plans) in enumerate(self.scale.groups):
             if index > 0:
@@ -382,7 +435,7 @@ class Bench:
                 for plan in plans:
                     order = ARMS[rep % len(ARMS) :] + ARMS[: rep % len(ARMS)]
                     for arm in order:
-                        run = self.bind_run(arm, plan, rep, measure_memory=arm == "A")
+                        run = self.bind_run(arm, plan, rep, measure_memory=arm in ("A", "E"))
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
 
     def webhook_arms(self) -> None:

@@ -158,16 +158,22 @@ def webhook_pods(pods: int, entries: int) -> list[PodSpec]:
     return out
 
 
-def foreign_pods(count: int) -> list[bytes]:
-    """Cheap pods of another scheduler (no map): what the scheduler's memory must not grow with."""
-    return [
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"f-{i}", "labels": {PART_OF: BENCH}},
-                "spec": {"schedulerName": NOBODY, "containers": [{"name": "main", "image": IMAGE}]},
-            }
-        ).encode()
-        for i in range(count)
-    ]
+def foreign_pods(count: int, nodes: int = 0) -> list[bytes]:
+    """Cheap pods of another scheduler (no map): what the scheduler's memory must barely grow with.
+
+    With ``nodes``, they are bound to them (``spec.nodeName``, round robin), as pods that
+    kube-scheduler or a DaemonSet placed: the fit checks keep a small footprint of each.
+    """
+    out = []
+    for i in range(count):
+        spec: dict[str, Any] = {"schedulerName": NOBODY, "containers": [{"name": "main", "image": IMAGE}]}
+        if nodes:
+            spec["nodeName"] = node_name(i % nodes)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"f-{i}", "labels": {PART_OF: BENCH}},
+            "spec": spec,
+        }
+        out.append(json.dumps(pod).encode())
+    return out

@@ -19,6 +19,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpu_scheduling.fit import (
+    PODS,
+    NodeTotals,
+    affinity_mismatch,
+    allocatable,
+    host_ports,
+    pod_requests,
+    port_conflicts,
+    shortfalls,
+    show,
+)
 from gpu_scheduling.injection import injection_state
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
 from gpu_scheduling.resources import GPU_RESOURCE, PITFALL_ADVICE, gpu_requesting_containers, node_gpus
@@ -40,6 +51,10 @@ GPU_OUT_OF_RANGE = "GPUIndexOutOfRange"
 GPU_IN_USE = "GPUInUse"
 NO_GPU_RESOURCE = "NoGPUResource"
 NOT_INJECTED = "NotInjected"
+NODE_AFFINITY = "NodeAffinityMismatch"
+INSUFFICIENT_RESOURCES = "InsufficientResources"
+HOST_PORT_CONFLICT = "HostPortConflict"
+KUBELET_REFUSED = "KubeletRefused"
 
 ALL_REASONS = (
     NO_MAP,
@@ -54,6 +69,10 @@ ALL_REASONS = (
     GPU_IN_USE,
     NO_GPU_RESOURCE,
     NOT_INJECTED,
+    NODE_AFFINITY,
+    INSUFFICIENT_RESOURCES,
+    HOST_PORT_CONFLICT,
+    KUBELET_REFUSED,
 )
 
 # Reasons of the admission and lint findings (never a scheduler refusal).
@@ -79,6 +98,7 @@ WARN = "warn"
 ON_NODE = "node"  # the mapped node (added, uncordoned, Ready, taints, GPU count)
 ON_GPU_HOLDER = "gpu-holder"  # a pod holding a mapped GPU (deleted, finished, rebound)
 ON_POD = "pod"  # the pod itself (annotation, pod-index label, tolerations)
+ON_NODE_PODS = "node-pods"  # a pod on the mapped node (ended, deleted, shrunk), whoever placed it
 NEVER: frozenset[str] = frozenset()  # nothing: the pod must be recreated
 
 
@@ -195,6 +215,41 @@ RULES: dict[str, Rule] = {
             "the CLI does not read nodes; a Pod's admission does not look them up",
             scheduler=REFUSE,
             validate=WARN,
+        ),
+        _rule(
+            NODE_AFFINITY,
+            "NodeAffinity",
+            "the mapped node matches the pod's nodeSelector and required node affinity (every "
+            "operator, matchFields too)",
+            {ON_NODE},
+            "node labels change by the minute: checked when binding only",
+            scheduler=REFUSE,
+        ),
+        _rule(
+            INSUFFICIENT_RESOURCES,
+            "NodeResourcesFit",
+            "the pod's requests (cpu, memory, ephemeral-storage, hugepages, extended resources, a pod "
+            "slot) fit the node's allocatable minus the requests of every non-terminated pod bound there",
+            {ON_NODE, ON_NODE_PODS},
+            "what a node has free changes by the second: checked when binding only",
+            scheduler=REFUSE,
+        ),
+        _rule(
+            HOST_PORT_CONFLICT,
+            "NodePorts",
+            "no other pod on the mapped node takes one of the pod's host ports",
+            {ON_NODE_PODS},
+            "checked when binding only",
+            scheduler=REFUSE,
+        ),
+        _rule(
+            KUBELET_REFUSED,
+            "NotRefusedByKubelet",
+            "the node's kubelet has not refused this replica at admission (OutOfcpu, NodeAffinity, ...) "
+            "since the node, the pods on it or the pod last changed",
+            {ON_NODE, ON_NODE_PODS, ON_POD},
+            "only the scheduler sees pods fail",
+            scheduler=REFUSE,
         ),
         _rule(
             GPU_IN_USE,
@@ -315,6 +370,14 @@ class Decision:
         return "; ".join(r.message for r in self.refusals)
 
 
+class NodeUse(Protocol):
+    """What the fit checks need from the scheduler's index of the pods on each node."""
+
+    def totals(self, node: str, exclude_uid: str | None = None) -> NodeTotals:
+        """The summed footprint of the non-terminated pods bound to ``node`` (and reserved for it)."""
+        ...
+
+
 class Holders(Protocol):
     """What the checks need from the ledger."""
 
@@ -396,7 +459,9 @@ def node_signature(node: Mapping[str, Any] | None) -> tuple[Any, ...]:
             if t.get("effect") in BLOCKING_EFFECTS
         )
     )
-    return (bool(spec.get("unschedulable")), ready.get("status"), taints, gpu_count(node))
+    labels = tuple(sorted(((node.get("metadata") or {}).get("labels") or {}).items()))
+    offered = tuple(sorted(allocatable(node).items()))
+    return (bool(spec.get("unschedulable")), ready.get("status"), taints, gpu_count(node), labels, offered)
 
 
 # -- the checks ---------------------------------------------------------------------
@@ -465,6 +530,63 @@ def gpu_index_findings(entry: Entry, count: int | None) -> list[Refusal]:
             f"{GPU_RESOURCE} allocatable={count} ({valid}; {where})",
         )
     ]
+
+
+def check_fit(pod: Mapping[str, Any], entry: Entry, node: Mapping[str, Any], usage: NodeUse) -> list[Refusal]:
+    """NodeAffinityMismatch, InsufficientResources and HostPortConflict on the mapped node.
+
+    What kube-scheduler's NodeAffinity, NodeResourcesFit and NodePorts filters (and the
+    kubelet's admission after them) check, against every non-terminated pod bound to the
+    node whoever placed it, so the kubelet does not refuse what we bind.
+    """
+    spec = pod.get("spec") or {}
+    where = f"replica {entry.ordinal} is mapped to it"
+    refusals: list[Refusal] = []
+    mismatch = affinity_mismatch(spec, node)
+    if mismatch is not None:
+        refusals.append(
+            Refusal(NODE_AFFINITY, f"node {entry.node!r} does not match the pod's {mismatch} ({where})")
+        )
+    totals = usage.totals(entry.node, exclude_uid=(pod.get("metadata") or {}).get("uid"))
+    return refusals + room_refusals(pod, entry, node, totals)
+
+
+def room_refusals(
+    pod: Mapping[str, Any], entry: Entry, node: Mapping[str, Any], totals: NodeTotals
+) -> list[Refusal]:
+    """InsufficientResources and HostPortConflict, given what the node's other pods take."""
+    spec = pod.get("spec") or {}
+    where = f"replica {entry.ordinal} is mapped to it"
+    refusals: list[Refusal] = []
+    for short in shortfalls(pod_requests(spec), allocatable(node), totals):
+        if short.resource == PODS:
+            text = (
+                f"Too many pods: node {entry.node!r} has {short.used} of {short.allocatable} pod slots "
+                f"taken ({where})"
+            )
+        else:
+            name = short.resource
+            text = (
+                f"Insufficient {name}: the pod requests {show(name, short.requested)}, node "
+                f"{entry.node!r} has {show(name, short.free)} of {show(name, short.allocatable)} free "
+                f"({show(name, short.used)} requested by {totals.pods} pods there; {where})"
+            )
+        refusals.append(Refusal(INSUFFICIENT_RESOURCES, text))
+    for port, holder in port_conflicts(host_ports(spec), totals):
+        refusals.append(
+            Refusal(HOST_PORT_CONFLICT, f"host port {port} on node {entry.node!r} is taken by pod {holder}")
+        )
+    return refusals
+
+
+def kubelet_refused(entry: Entry, reason: str, message: str, ago_s: float) -> Refusal:
+    """KubeletRefused: the node refused this replica at admission and nothing has changed since."""
+    said = f"{reason}: {message}" if message else reason
+    return Refusal(
+        KUBELET_REFUSED,
+        f"node {entry.node!r} refused replica {entry.ordinal} at admission {ago_s:.0f}s ago ({said[:300]}); "
+        "not binding it there again until the node, the pods on it or this pod change",
+    )
 
 
 def check_gpus(pod: Mapping[str, Any], entry: Entry, ledger: Holders) -> list[Refusal]:
@@ -536,8 +658,12 @@ def evaluate(
     nodes: Mapping[str, Mapping[str, Any]],
     ledger: Holders,
     require_injection: bool = True,
+    usage: NodeUse | None = None,
 ) -> Decision:
     """All the checks, in order; the first refusal names the reason, the message lists them all.
+
+    The fit checks (:func:`check_fit`) run when ``usage``, the index of what the
+    pods on each node take, is given: the scheduler passes it.
 
     A pod that lacks its injection is refused with that reason alone: nothing
     about the node can make it bindable, since its containers cannot change.
@@ -550,7 +676,11 @@ def evaluate(
         not_injected = check_injected(pod, entry)
         if not_injected:
             return Decision(decision.ordinal, entry, tuple(not_injected))
-    refusals = check_node(pod, entry, nodes.get(entry.node)) + check_gpus(pod, entry, ledger)
+    node = nodes.get(entry.node)
+    refusals = check_node(pod, entry, node)
+    if node is not None and usage is not None:
+        refusals += check_fit(pod, entry, node, usage)
+    refusals += check_gpus(pod, entry, ledger)
     requesters = gpu_requesting_containers(pod.get("spec"))
     warnings = (gpu_resource_requested(requesters),) if requesters else ()
     return Decision(decision.ordinal, entry, tuple(refusals), warnings)

@@ -31,6 +31,36 @@ VERSIONS_FILE = REPO / "tools" / "versions.env"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTROL_PLANE_NODE = "control-plane"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+# A pod carrying this annotation is refused by its (kwok) kubelet at admission, as a real kubelet
+# refuses a pod that does not fit: phase Failed, status.reason the annotation's value (OutOfcpu,
+# NodeAffinity, UnexpectedAdmissionError, ...). For tests of what the scheduler does then.
+KUBELET_REFUSES_ANNOTATION = "localcluster.gpu-scheduler.dev/kubelet-refuses"
+# The kwok Stage that does it. Its weight (1) beats kwok's own pod-ready stage (0) for such pods.
+KUBELET_REFUSAL_STAGE = f"""apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-kubelet-refuses
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.annotations["{KUBELET_REFUSES_ANNOTATION}"]'
+      operator: 'Exists'
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Pending'
+  weight: 1
+  next:
+    statusTemplate: |
+      phase: Failed
+      reason: {{{{ index .metadata.annotations "{KUBELET_REFUSES_ANNOTATION}" | Quote }}}}
+      message: "Pod was rejected: the node refused it at admission (localcluster kwok stage pod-kubelet-refuses)"
+"""
 # Taints the node lifecycle controller puts on a node until it has seen it Ready.
 NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
@@ -312,6 +342,7 @@ class Cluster:
             "  podPlayStageParallelism: 8\n  podsOnNodeSyncParallelism: 2\n"
         ]
         docs += [s.read_text() for s in stages]
+        docs.append(KUBELET_REFUSAL_STAGE)
         kwok_conf.write_text("\n---\n".join(docs))
         self._spawn(
             "kwok",

@@ -9,11 +9,11 @@ CHART_KUBE_VERSIONS ?= v1.31.0 v1.37.0
 DIST ?= dist
 YAML_FILES = ct.yaml lintconf.yaml chart_schema.yaml .gitlab-ci.yml $(wildcard argocd/*.yaml) \
   $(foreach c,$(CHARTS),$(c)/Chart.yaml $(c)/values.yaml $(wildcard $(c)/ci/*.yaml))
-IMAGE ?= gpu-scheduler
+IMAGE ?= registry.gitlab.com/evgenii19/gpu-scheduler/gpu-scheduler
 IMAGE_TAG ?= $(or $(CI_COMMIT_SHORT_SHA),latest)
 
 .PHONY: chart-tools yamllint hadolint helm-lint ct-lint chart-lint lint-delivery lint-all \
-  package argocd-validate deploy-hint
+  package argocd-validate deploy-hint release-check
 
 chart-tools: ## Build only helm and ct (what the lint jobs need)
 	tools/provision.sh helm ct
@@ -45,6 +45,9 @@ package: chart-tools ## helm package both charts into dist/charts
 
 argocd-validate: venv tools ## Server-side dry-run of argocd/*.yaml with the pinned Argo CD CRDs (local control plane)
 	$(PY) -m pytest tests/integration/test_argocd.py $(PYTEST_ARGS)
+
+release-check: ## One version: pyproject, both appVersions, and RELEASE_TAG=v<version> when given (CI, on tags)
+	python3 tools/release_check.py $(RELEASE_TAG)
 
 deploy-hint: ## Print the commands that deploy this build (helm or Argo CD)
 	@echo "# Helm (image $(IMAGE):$(IMAGE_TAG)):"

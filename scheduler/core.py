@@ -2,13 +2,15 @@
 
 Threads:
 
-* two informers (pods with our ``spec.schedulerName``; nodes) keep caches and
-  the GPU ledger current and put pod keys on the work queue: a new pending
-  pod, a pod whose map changed, every pod waiting on a node that changed or
-  whose GPUs were freed;
+* three informers (pods with our ``spec.schedulerName``; every bound,
+  non-terminated pod, kept as a small footprint for the fit checks; nodes)
+  keep caches, the GPU ledger and the node usage index current and put pod
+  keys on the work queue: a new pending pod, a pod whose map changed, every
+  pod waiting on a node that changed, whose GPUs were freed or where a pod
+  ended;
 * ``workers`` threads take keys from the queue, decide from the caches
-  (constant work per pod: one node lookup, one ledger lookup per GPU) and,
-  only while this process is the leader, claim and bind;
+  (one node lookup, one ledger lookup per GPU, a sum over the pods on one
+  node) and, only while this process is the leader, reserve and bind;
 * the leader elector, the event sender and the HTTP server.
 """
 
@@ -18,15 +20,26 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 
+from gpu_scheduling.fit import affinity_signature
 from gpu_scheduling.kubeclient import ApiError, api_error, error_message
 from gpu_scheduling.objects import Node, Pod
-from gpu_scheduling.podinfo import POD_INDEX_LABEL
-from gpu_scheduling.rules import NOT_INJECTED, Decision, evaluate, gpus_in_use, node_signature
+from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
+from gpu_scheduling.rules import (
+    NOT_INJECTED,
+    Decision,
+    evaluate,
+    gpus_in_use,
+    kubelet_refused,
+    node_signature,
+    room_refusals,
+)
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import BindOutcome, PodWriter, truncate_message
 from scheduler.events import EventRecorder
@@ -34,7 +47,8 @@ from scheduler.leader import LeaderElector
 from scheduler.ledger import Claim, Ledger, pod_key
 from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
 from scheduler.server import Probes
-from scheduler.settings import Settings
+from scheduler.settings import EXTENDER, Settings
+from scheduler.usage import ASSIGNED_SELECTOR, NodeUsage, compact, footprint
 from scheduler.watch import Informer, Obj
 from scheduler.workqueue import Backoff, WorkQueue
 
@@ -42,12 +56,34 @@ log = logging.getLogger("gpu_scheduler")
 
 FAILED_SCHEDULING = "FailedScheduling"
 SCHEDULED = "Scheduled"
+REFUSED_BY_KUBELET = "RefusedByKubelet"
+# status.reason of a pod the kubelet rejected at admission (besides OutOf<resource>).
+KUBELET_ADMISSION_REASONS = frozenset(
+    {
+        "NodeAffinity",
+        "NodePorts",
+        "NodeName",
+        "UnexpectedAdmissionError",
+        "TopologyAffinityError",
+        "InvalidNodeInfo",
+        "PodOSNotSupported",
+        "PodOSSelectorNodeLabelDoesNotMatch",
+        "SysctlForbidden",
+    }
+)
+# How many kubelet refusals are remembered (oldest forgotten first).
+MAX_REFUSALS = 10_000
 
 
 def is_pending(pod: Mapping[str, Any]) -> bool:
     """Waiting for a node: not bound, not being deleted, not finished."""
     view = Pod(pod)
     return not view.node_name and not view.deleting and view.phase in (None, "Pending")
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """``spec.schedulingGates`` is not empty: not to be scheduled yet (the apiserver refuses a Binding)."""
+    return bool(Pod(pod).spec.get("schedulingGates"))
 
 
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -58,7 +94,30 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         view.annotations.get(ANNOTATION),
         view.labels.get(POD_INDEX_LABEL),
         json.dumps(view.spec.get("tolerations") or [], sort_keys=True),
+        len(view.spec.get("schedulingGates") or []),
     )
+
+
+def refused_by_kubelet(pod: Mapping[str, Any]) -> bool:
+    """The node's kubelet rejected the bound pod at admission: Failed, with an admission reason."""
+    view = Pod(pod)
+    reason = view.status.get("reason")
+    if view.phase != "Failed" or not view.node_name or not isinstance(reason, str):
+        return False
+    return reason.startswith("OutOf") or reason in KUBELET_ADMISSION_REASONS
+
+
+@dataclass(frozen=True)
+class KubeletRefusal:
+    """A replica's refusal by a kubelet, and the state of things when it happened."""
+
+    node: str
+    reason: str
+    message: str
+    at: float  # monotonic
+    node_signature: tuple[Any, ...]
+    node_generation: int
+    pod_signature: tuple[Any, ...]
 
 
 def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -84,6 +143,7 @@ class Scheduler:
         core = client.CoreV1Api(api_client)
         self.metrics = Metrics()
         self.ledger = Ledger()
+        self.usage = NodeUsage()
         self.queue = WorkQueue()
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self.writer = PodWriter(core, field_manager=settings.scheduler_name)
@@ -91,6 +151,8 @@ class Scheduler:
             client.EventsV1Api(api_client),
             controller=settings.scheduler_name,
             instance=f"{settings.scheduler_name}-{settings.identity}",
+            # Scheduled Events wait while pods are being placed: Bindings first.
+            busy=self.queue.busy,
         )
         self.pods = Informer(
             "pods",
@@ -98,6 +160,15 @@ class Scheduler:
             _Handler(self._pod_added, self._pod_updated, self._pod_deleted),
             field_selector=f"spec.schedulerName={settings.scheduler_name}",
             on_relist=self._relisted,
+        )
+        # Every bound, non-terminated pod (whoever placed it), as a footprint: what the fit checks count.
+        self.assigned = Informer(
+            "assigned-pods",
+            core.list_pod_for_all_namespaces,
+            _Handler(self._assigned_changed, self._assigned_updated, self._assigned_deleted),
+            field_selector=ASSIGNED_SELECTOR,
+            on_relist=self._relisted,
+            transform=compact,
         )
         self.nodes = Informer(
             "nodes",
@@ -132,6 +203,9 @@ class Scheduler:
         # Recreations of pods admitted without injection, backed off per controller and replica.
         self.recreate_backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self._recreate_due: dict[str, float] = {}  # pod uid -> monotonic time its deletion is due
+        # Replicas refused by a kubelet at admission, by recreate slot (or namespace/name of a bare pod).
+        self._kubelet_refusals: OrderedDict[str, KubeletRefusal] = OrderedDict()
+        self._refused_uids: OrderedDict[str, None] = OrderedDict()  # pods whose refusal was reported
         self._workers: list[threading.Thread] = []
         self.metrics.track(lambda: len(self.queue), lambda: len(self._waiting_on))
 
@@ -167,11 +241,23 @@ class Scheduler:
             if old is None or pod_signature(old) != pod_signature(pod):
                 self.queue.add(key)
         else:
+            if refused_by_kubelet(pod) and (old is None or not refused_by_kubelet(old)):
+                self._kubelet_refused(pod)
             self._clear(pod)
 
     def _pod_deleted(self, pod: Obj) -> None:
         self._clear(pod)
         self._requeue_nodes(self.ledger.forget(pod))
+        self.usage.cancel(Pod(pod).uid)  # a reservation whose Binding never showed
+
+    def _assigned_changed(self, pod: Obj) -> None:
+        self._requeue_nodes(self.usage.observe(Pod(pod).uid, pod.get("footprint")))
+
+    def _assigned_updated(self, old: Obj, new: Obj) -> None:
+        self._assigned_changed(new)
+
+    def _assigned_deleted(self, pod: Obj) -> None:
+        self._requeue_nodes(self.usage.forget(Pod(pod).uid))
 
     def _node_added(self, node: Obj) -> None:
         self._requeue_nodes([Node(node).name or ""])
@@ -244,7 +330,21 @@ class Scheduler:
             return
         if not self.is_leader():
             return  # whoever leads requeues every pending pod when it starts leading
-        decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection)
+        if is_gated(pod):
+            # As kube-scheduler: the apiserver marked it SchedulingGated; removing the last
+            # gate is an update that changes pod_signature and queues it again.
+            self.backoff.forget(key)
+            return
+        nodes = self.nodes.view()
+        decision = evaluate(pod, nodes, self.ledger, self.settings.require_injection, self.usage)
+        if self.settings.mode == EXTENDER:
+            # kube-scheduler places the pod and calls scheduler/extender.py; this loop only
+            # has a pod admitted without injection recreated (its containers cannot change).
+            if decision.reason == NOT_INJECTED:
+                self._not_injected(pod, decision)
+            return
+        if decision.ok and decision.entry is not None:
+            decision = self._kubelet_hold(pod, decision, nodes.get(decision.entry.node))
         if not decision.ok or decision.entry is None:
             if decision.reason == NOT_INJECTED:
                 self._not_injected(pod, decision)
@@ -257,8 +357,18 @@ class Scheduler:
         if conflicts:  # another worker took a GPU since the check
             self._refuse(pod, Decision(decision.ordinal, entry, tuple(gpus_in_use(entry, conflicts))))
             return
+        node = nodes.get(entry.node)
+        fp = footprint({**pod, "spec": {**Pod(pod).spec, "nodeName": entry.node}})
+        short = (
+            self.usage.reserve(Pod(pod).uid, fp, lambda totals: room_refusals(pod, entry, node, totals))
+            if node is not None and fp is not None
+            else []
+        )
+        if short:  # another worker took the room since the check
+            self._refuse(pod, Decision(decision.ordinal, entry, tuple(short)))
+            return
         if not self.is_leader():
-            self.ledger.cancel(pod)
+            self._cancel(pod)
             return  # whoever leads now places it
         with self._lock:
             first_seen = self._first_seen.get(Pod(pod).uid)
@@ -267,10 +377,10 @@ class Scheduler:
         except Exception as err:
             kind = api_error(err)
             if kind is ApiError.NOT_FOUND:
-                self.ledger.cancel(pod)
+                self._cancel(pod)
                 return  # deleted meanwhile: the watch cleans up
             if kind not in (ApiError.SERVER_ERROR, ApiError.NO_ANSWER):
-                self.ledger.cancel(pod)  # refused (4xx): nothing was bound
+                self._cancel(pod)  # refused (4xx): nothing was bound
             # 5xx, connection errors, timeouts: the Binding may have been stored; the
             # reservation stays until the watch says.
             self._api_failure(pod, entry.node, err)
@@ -278,7 +388,7 @@ class Scheduler:
         if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
             self._bound(pod, decision, first_seen, result.outcome is BindOutcome.ALREADY)
         elif result.outcome is BindOutcome.ELSEWHERE:
-            self.ledger.cancel(pod)
+            self._cancel(pod)
             self.metrics.failures.labels(BOUND_ELSEWHERE).inc()
             message = (
                 f"{BOUND_ELSEWHERE}: the pod was bound to node {result.node!r} by someone else, "
@@ -288,6 +398,91 @@ class Scheduler:
             self.events.warning(pod, FAILED_SCHEDULING, message)
             self._clear(pod)
         # GONE: the watch delivers the deletion
+
+    def _cancel(self, pod: Mapping[str, Any]) -> None:
+        """Drop this pod's reservations (GPUs, room on the node): its Binding did not happen."""
+        self.ledger.cancel(pod)
+        self._requeue_nodes(self.usage.cancel(Pod(pod).uid))
+
+    # -- the kubelet's refusals ---------------------------------------------------------------
+
+    def _refusal_slot(self, pod: Mapping[str, Any]) -> str:
+        """Where a replica's refusal is remembered: what its replacement shares with it."""
+        view = Pod(pod)
+        slot = recreate_slot(pod, ordinal_of(view.name, view.labels))
+        return slot if slot is not None else view.key
+
+    def _kubelet_refused(self, pod: Mapping[str, Any]) -> None:
+        """One of our pods was refused by its node's kubelet: say so once, remember the cause."""
+        view = Pod(pod)
+        node = view.node_name or ""
+        reason = str(view.status.get("reason") or "")
+        message = str(view.status.get("message") or "")
+        with self._lock:
+            if view.uid in self._refused_uids:
+                return
+            self._refused_uids[view.uid] = None
+            while len(self._refused_uids) > MAX_REFUSALS:
+                self._refused_uids.popitem(last=False)
+        # It holds nothing any more (Failed): take it off the node now, so its own leaving
+        # does not count as a change on the node.
+        self.usage.forget(view.uid)
+        refusal = KubeletRefusal(
+            node=node,
+            reason=reason,
+            message=message,
+            at=time.monotonic(),
+            node_signature=node_signature(self.nodes.get(node)),
+            node_generation=self.usage.generation(node),
+            pod_signature=affinity_signature(view.spec),
+        )
+        slot = self._refusal_slot(pod)
+        with self._lock:
+            self._kubelet_refusals[slot] = refusal
+            self._kubelet_refusals.move_to_end(slot)
+            while len(self._kubelet_refusals) > MAX_REFUSALS:
+                self._kubelet_refusals.popitem(last=False)
+        self.metrics.kubelet_refusals.labels(reason).inc()
+        hold = self.settings.kubelet_refusal_hold
+        after = f", or in {hold:.0f}s" if hold else ""
+        note = (
+            f"{REFUSED_BY_KUBELET}: node {node!r} refused the pod at admission ({reason}: {message[:300]}); "
+            f"its replacement is not bound there until the node, the pods on it or the pod change{after}"
+        )
+        log.warning(
+            "pod refused by the kubelet",
+            extra={"pod": view.key, "node": node, "reason": reason, "detail": message[:300]},
+        )
+        self.events.warning(pod, REFUSED_BY_KUBELET, truncate_message(note))
+
+    def _kubelet_hold(
+        self, pod: Mapping[str, Any], decision: Decision, node: Mapping[str, Any] | None
+    ) -> Decision:
+        """KubeletRefused while the replica's last refusal on this node still stands."""
+        entry = decision.entry
+        assert entry is not None
+        slot = self._refusal_slot(pod)
+        with self._lock:
+            refusal = self._kubelet_refusals.get(slot)
+        if refusal is None:
+            return decision
+        age = time.monotonic() - refusal.at
+        hold = self.settings.kubelet_refusal_hold
+        unchanged = (
+            refusal.node == entry.node
+            and refusal.node_signature == node_signature(node)
+            and refusal.node_generation == self.usage.generation(entry.node)
+            and refusal.pod_signature == affinity_signature(Pod(pod).spec)
+            and not (hold and age >= hold)
+        )
+        if not unchanged:
+            with self._lock:
+                self._kubelet_refusals.pop(slot, None)
+            return decision
+        if hold:
+            self.queue.add_after(pod_key(pod), max(0.0, hold - age) + 0.1)
+        refusal_finding = kubelet_refused(entry, refusal.reason, refusal.message, age)
+        return Decision(decision.ordinal, entry, (refusal_finding,), decision.warnings)
 
     def _bound(
         self, pod: Mapping[str, Any], decision: Decision, first_seen: float | None, already: bool
@@ -402,7 +597,7 @@ class Scheduler:
         key, uid = pod_key(pod), Pod(pod).uid
         reason, message = decision.reason, decision.message
         note = truncate_message(f"{reason}: {message}")
-        self.ledger.cancel(pod)  # a reservation left by an earlier attempt must not block others
+        self._cancel(pod)  # a reservation left by an earlier attempt must not block others
         self.metrics.failures.labels(reason).inc()
         self._wait_on(key, decision.entry.node if decision.entry else "")
         delay = self.backoff.next(key)
@@ -450,17 +645,22 @@ class Scheduler:
     def alive(self) -> dict[str, bool]:
         checks = {
             "watch-pods": self.pods.alive(),
+            "watch-assigned-pods": self.assigned.alive(),
             "watch-nodes": self.nodes.alive(),
             "events": self.events.alive(),
         }
-        if self.pods.synced.is_set() and self.nodes.synced.is_set():
+        if self.pods.synced.is_set() and self.nodes.synced.is_set() and self.assigned.synced.is_set():
             checks["workers"] = bool(self._workers) and all(t.is_alive() for t in self._workers)
         if self.elector is not None and self._workers:
             checks["leader-election"] = self.elector.alive()
         return checks
 
     def ready(self) -> dict[str, bool]:
-        checks = {"pods-synced": self.pods.synced.is_set(), "nodes-synced": self.nodes.synced.is_set()}
+        checks = {
+            "pods-synced": self.pods.synced.is_set(),
+            "assigned-pods-synced": self.assigned.synced.is_set(),
+            "nodes-synced": self.nodes.synced.is_set(),
+        }
         if self.elector is not None:  # not a liveness check: a restart cannot make anyone renew
             checks["leader-renewing"] = self.elector.health().renewing
         return checks
@@ -478,23 +678,31 @@ class Scheduler:
             "pods": len(self.pods),
             "nodes": len(self.nodes),
             "gpuHolders": len(self.ledger),
+            "podsOnNodes": len(self.usage),
+            "kubeletRefusals": len(self._kubelet_refusals),
         }
 
     def start(self) -> None:
         """Start the watches and the event sender; :meth:`run_until_stopped` does the rest."""
         self.events.start()
         self.pods.start(self.stop_event)
+        self.assigned.start(self.stop_event)
         self.nodes.start(self.stop_event)
 
     def run_until_stopped(self) -> None:
         while not self.stop_event.is_set():
-            if self.pods.synced.wait(0.5) and self.nodes.synced.wait(0.5):
+            if all(i.synced.wait(0.5) for i in (self.pods, self.assigned, self.nodes)):
                 break
         if self.stop_event.is_set():
             return
         log.info(
             "caches synced",
-            extra={"pods": len(self.pods), "nodes": len(self.nodes), "held": len(self.ledger)},
+            extra={
+                "pods": len(self.pods),
+                "nodes": len(self.nodes),
+                "held": len(self.ledger),
+                "podsOnNodes": len(self.usage),
+            },
         )
         for i in range(self.settings.workers):
             thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)

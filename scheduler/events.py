@@ -8,14 +8,21 @@ stays unschedulable for the same reason gets one Event, not one per retry:
 the repeat is counted and, at most every ``refresh`` seconds, written as the
 Event's ``series`` (which also keeps the Event from expiring). A new reason or
 a new message makes a new Event.
+
+Warnings go first. Normal Events (``Scheduled``) are deferred while the
+scheduler has pods to place (``busy``), for at most ``defer_max`` seconds each:
+on a shared apiserver an Event costs about what a Binding costs, so during a
+burst the Bindings go first and the Events follow (kube-scheduler's events are
+asynchronous and best-effort too). Nothing is dropped unless ``capacity`` Events
+are waiting.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +71,8 @@ class EventRecorder:
         refresh: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         capacity: int = 10000,
+        busy: Callable[[], bool] | None = None,
+        defer_max: float = 30.0,
     ) -> None:
         self._api = events_api
         self._controller = controller[:63]
@@ -72,7 +81,13 @@ class EventRecorder:
         self._clock = clock
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}  # pod uid -> the last Warning written about it
-        self._queue: queue.Queue[_Write | None] = queue.Queue(maxsize=capacity)
+        self._capacity = capacity
+        self._cond = threading.Condition()
+        self._urgent: deque[_Write] = deque()  # Warnings (and their series updates)
+        self._deferrable: deque[tuple[float, _Write]] = deque()  # (queued at, Normal event)
+        self._stopping = False
+        self.busy = busy or (lambda: False)
+        self._defer_max = defer_max
         self._thread: threading.Thread | None = None
         self.dropped = 0
 
@@ -107,16 +122,13 @@ class EventRecorder:
         return True
 
     def normal(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
+        """Record a Normal Event; sent once the scheduler is not busy (or ``defer_max`` passed)."""
         view = Pod(pod)
         name = self._name(view.name)
-        self._put(
-            _Write(
-                "create",
-                view.namespace or "",
-                name,
-                self._event(view, name, "Normal", reason, truncate(note)),
-            )
+        write = _Write(
+            "create", view.namespace or "", name, self._event(view, name, "Normal", reason, truncate(note))
         )
+        self._put(write, deferrable=True)
 
     def object_warning(
         self, regarding: client.V1ObjectReference, reason: str, note: str, action: str = ACTION
@@ -137,7 +149,8 @@ class EventRecorder:
             self._seen.pop(uid, None)
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        with self._cond:
+            return len(self._urgent) + len(self._deferrable)
 
     # -- the sender thread ------------------------------------------------------------------
 
@@ -147,28 +160,54 @@ class EventRecorder:
         return self._thread
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Send what is queued (up to ``timeout``), then stop."""
+        """Send what is queued (up to ``timeout``, deferred ones included), then stop."""
         if self._thread is None:
             return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         self._thread.join(timeout)
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _put(self, write: _Write) -> None:
-        try:
-            self._queue.put_nowait(write)
-        except queue.Full:
-            self.dropped += 1
+    def _put(self, write: _Write, deferrable: bool = False) -> None:
+        with self._cond:
+            if len(self._urgent) + len(self._deferrable) >= self._capacity:
+                self.dropped += 1
+                full = True
+            else:
+                full = False
+                if deferrable:
+                    self._deferrable.append((self._clock(), write))
+                else:
+                    self._urgent.append(write)
+                self._cond.notify()
+        if full:
             log.warning("event queue full, dropping an event", extra={"event": write.name})
+
+    def _next(self) -> _Write | None:
+        """The next write to send: Warnings first; a Normal Event when the scheduler is not busy
+        or it has waited ``defer_max``. None when stopping with nothing left."""
+        with self._cond:
+            while True:
+                if self._urgent:
+                    return self._urgent.popleft()
+                if self._deferrable:
+                    queued_at, write = self._deferrable[0]
+                    waited = self._clock() - queued_at
+                    if self._stopping or waited >= self._defer_max or not self.busy():
+                        self._deferrable.popleft()
+                        return write
+                    self._cond.wait(min(0.05, self._defer_max - waited))
+                    continue
+                if self._stopping:
+                    return None
+                self._cond.wait(0.5)
 
     def _run(self) -> None:
         while True:
-            write = self._queue.get()
+            write = self._next()
             if write is None:
                 return
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 from types import FrameType
@@ -17,6 +18,7 @@ from gpu_scheduling import logs
 from gpu_scheduling.kubeclient import load_client
 from scheduler import settings as settings_mod
 from scheduler.core import Scheduler
+from scheduler.extender import Extender, ExtenderServer, tls_context
 from scheduler.server import HealthServer
 
 log = logging.getLogger("gpu_scheduler")
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "leaderElect": settings.leader_elect,
             "lease": f"{settings.lease_namespace}/{settings.lease_name}",
             "httpPort": settings.http_port,
+            "mode": settings.mode,
         },
     )
     try:
@@ -59,16 +62,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
+    probes = scheduler.probes()
+    extender_server: ExtenderServer | None = None
+    if settings.mode == settings_mod.EXTENDER:
+        try:
+            ctx = tls_context(
+                settings.extender_tls_cert_file,
+                settings.extender_tls_key_file,
+                settings.extender_client_ca_file,
+            )
+            extender = Extender(scheduler, api_client)
+            extender_server = ExtenderServer(settings.extender_address, settings.extender_port, extender, ctx)
+        except (OSError, ssl.SSLError) as err:
+            log.error("cannot serve the extender", extra={"port": settings.extender_port, "error": str(err)})
+            return 1
+        probes = extender.probes(probes, extender_server.alive)
     try:
-        server = HealthServer(settings.http_address, settings.http_port, scheduler.probes())
+        server = HealthServer(settings.http_address, settings.http_port, probes)
     except OSError as err:
         log.error("cannot listen", extra={"port": settings.http_port, "error": str(err)})
         return 1
     server.start()
+    if extender_server is not None:
+        extender_server.start()
     scheduler.start()
     try:
         scheduler.run_until_stopped()
     finally:
+        if extender_server is not None:
+            extender_server.stop()  # no bind may start while the Lease is being released
         scheduler.shutdown()
         server.stop()
         log.info("stopped")

@@ -68,6 +68,12 @@ class Metrics:
             "Pods admitted without injection that were deleted so that their controller recreates them.",
             registry=r,
         )
+        self.kubelet_refusals = Counter(
+            "gpu_scheduler_kubelet_refusals",
+            "Pods this scheduler bound that the node's kubelet refused at admission, by status.reason.",
+            ["reason"],
+            registry=r,
+        )
         self.watch_relists = Counter(
             "gpu_scheduler_watch_relists",
             "Full lists of a watched resource (start, 410 Gone).",

@@ -18,9 +18,21 @@ from typing import Any
 from gpu_scheduling import config
 from gpu_scheduling.config import Setting, SettingsError
 
-__all__ = ["TABLE", "Settings", "SettingsError", "default_identity", "load"]
+__all__ = [
+    "EXTENDER",
+    "MODES",
+    "STANDALONE",
+    "TABLE",
+    "Settings",
+    "SettingsError",
+    "default_identity",
+    "load",
+]
 
 _LEVELS = set(config.LOG_LEVELS)
+STANDALONE = "standalone"
+EXTENDER = "extender"
+MODES = (STANDALONE, EXTENDER)
 
 
 @dataclass(frozen=True)
@@ -48,6 +60,19 @@ class Settings:
     # A controller-owned pod admitted without them is deleted, so that its controller
     # recreates it through the webhook (with backoff per replica). Off: it waits.
     recreate_not_injected: bool = True
+    # A replica the kubelet refused at admission (OutOfcpu, ...) is bound there again once
+    # the node, the pods on it or the pod change; or, failing that, after this many seconds
+    # (a cause such as a device plugin restarting leaves no trace in the API). 0: never.
+    kubelet_refusal_hold: float = 300.0
+    # standalone: this process binds pods from its own queue. extender: kube-scheduler
+    # places them and calls this process's filter and bind (scheduler/extender.py).
+    mode: str = STANDALONE
+    extender_address: str = "0.0.0.0"  # noqa: S104 - kube-scheduler reaches the pod IP
+    extender_port: int = 8443
+    extender_tls_cert_file: str = ""
+    extender_tls_key_file: str = ""
+    # Set: only clients with a certificate signed by this CA (kube-scheduler) may call it.
+    extender_client_ca_file: str = ""
 
     def validate(self) -> Settings:
         problems = []
@@ -66,12 +91,22 @@ class Settings:
             problems.append("identity is empty")
         if self.log_level.upper() not in _LEVELS:
             problems.append(f"log level {self.log_level!r} is not one of {sorted(_LEVELS)}")
+        if self.kubelet_refusal_hold < 0:
+            problems.append(f"kubelet refusal hold must not be negative, got {self.kubelet_refusal_hold}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
         if not 0 < self.backoff_initial <= self.backoff_max:
             problems.append(
                 f"backoff needs 0 < initial <= max, got {self.backoff_initial} and {self.backoff_max}"
             )
+        if self.mode == EXTENDER:
+            if not (self.extender_tls_cert_file and self.extender_tls_key_file):
+                problems.append(
+                    "GPU_SCHEDULER_MODE=extender needs GPU_SCHEDULER_EXTENDER_TLS_CERT_FILE and "
+                    "GPU_SCHEDULER_EXTENDER_TLS_KEY_FILE (the extender is served over TLS only)"
+                )
+            if self.extender_port == self.http_port:
+                problems.append(f"extender port {self.extender_port} is also the HTTP port")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -190,6 +225,58 @@ TABLE: tuple[Setting, ...] = (
         config.boolean,
         "delete controller-owned pods admitted without them",
         "--recreate-not-injected",
+    ),
+    Setting(
+        "kubelet_refusal_hold",
+        "GPU_SCHEDULER_KUBELET_REFUSAL_HOLD",
+        _FLOAT,
+        "after a kubelet refused a replica, try its node again unchanged after this long, s (0: never)",
+        "--kubelet-refusal-hold",
+    ),
+    Setting(
+        "mode",
+        "GPU_SCHEDULER_MODE",
+        config.choice(MODES),
+        "`standalone`: bind pods itself; `extender`: serve kube-scheduler's filter and bind",
+        "--mode",
+    ),
+    Setting(
+        "extender_address",
+        "GPU_SCHEDULER_EXTENDER_ADDRESS",
+        config.text,
+        "listen address of the extender (HTTPS)",
+        "--extender-address",
+    ),
+    Setting(
+        "extender_port",
+        "GPU_SCHEDULER_EXTENDER_PORT",
+        config.number(int, 0, 65535),
+        "port of the extender's `POST /filter` and `POST /bind` (HTTPS)",
+        "--extender-port",
+    ),
+    Setting(
+        "extender_tls_cert_file",
+        "GPU_SCHEDULER_EXTENDER_TLS_CERT_FILE",
+        config.text,
+        "PEM serving certificate of the extender (required in extender mode)",
+        "--extender-tls-cert-file",
+        "none",
+    ),
+    Setting(
+        "extender_tls_key_file",
+        "GPU_SCHEDULER_EXTENDER_TLS_KEY_FILE",
+        config.text,
+        "PEM private key of that certificate",
+        "--extender-tls-key-file",
+        "none",
+    ),
+    Setting(
+        "extender_client_ca_file",
+        "GPU_SCHEDULER_EXTENDER_CLIENT_CA_FILE",
+        config.text,
+        "PEM CA: only clients with a certificate it signed may call the extender",
+        "--extender-client-ca-file",
+        "none (no client certificate asked)",
     ),
 )
 

@@ -65,6 +65,7 @@ class Informer:
         watch_timeout: int = 300,
         backoff: Backoff | None = None,
         on_relist: Callable[[str], None] | None = None,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
         self.name = name
         self._list_fn = list_fn
@@ -76,6 +77,8 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._backoff = backoff or Backoff(0.5, 30.0)
         self._on_relist = on_relist
+        # What is kept of each object (client-go's SetTransform): by default all but managedFields.
+        self._transform = transform or _slim
         self._lock = threading.Lock()
         self._store: dict[str, Obj] = {}
         self.synced = threading.Event()
@@ -143,7 +146,7 @@ class Informer:
         found, rv = list_all(
             self._list_fn, page_size=self._page_size, request_timeout=(10, 60), **self._selectors
         )
-        items = [_slim(i) for i in found]
+        items = [self._transform(i) for i in found]
         self.last_contact = time.monotonic()
         fresh = {object_key(o): o for o in items}
         with self._lock:
@@ -199,7 +202,7 @@ class Informer:
         rv = Meta(obj).resource_version
         if kind == "BOOKMARK":
             return rv
-        obj = _slim(obj)
+        obj = self._transform(obj)
         key = object_key(obj)
         with self._lock:
             old = self._store.get(key)

@@ -112,6 +112,11 @@ class WorkQueue:
             self._shutdown = True
             self._cond.notify_all()
 
+    def busy(self) -> bool:
+        """Keys ready now or being processed (a burst in progress; scheduled retries do not count)."""
+        with self._cond:
+            return bool(self._ready or self._processing)
+
     def __len__(self) -> int:
         """Keys waiting: ready ones and scheduled retries (each key counted once)."""
         with self._cond:

@@ -209,9 +209,93 @@ matchExpressions:
 {{- end }}
 
 {{/*
+Extender mode: names, labels, the kube-scheduler image.
+*/}}
+{{- define "gpu-scheduler.kubeSchedulerName" -}}
+{{- printf "%s-kube-scheduler" (include "gpu-scheduler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-scheduler.extenderServiceName" -}}
+{{- printf "%s-extender" (include "gpu-scheduler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-scheduler.extenderSecretName" -}}
+{{- default (printf "%s-tls" (include "gpu-scheduler.extenderServiceName" .)) .Values.extender.tls.existingSecret }}
+{{- end }}
+
+{{- define "gpu-scheduler.kubeSchedulerServiceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-scheduler.kubeSchedulerName" .) .Values.extender.kubeScheduler.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.extender.kubeScheduler.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels of the kube-scheduler pods: another app.kubernetes.io/name, so neither
+the scheduler's nor the webhook's selector adopts them.
+*/}}
+{{- define "gpu-scheduler.kubeSchedulerSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-kube-scheduler" (include "gpu-scheduler.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: kube-scheduler
+{{- end }}
+
+{{- define "gpu-scheduler.kubeSchedulerPodLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler.chart" . }}
+{{ include "gpu-scheduler.kubeSchedulerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{- define "gpu-scheduler.kubeSchedulerLabels" -}}
+{{ include "gpu-scheduler.labels" . }}
+app.kubernetes.io/component: kube-scheduler
+{{- end }}
+
+{{/*
+kube-scheduler image: extender.kubeScheduler.image.tag, else the cluster's version
+(vMAJOR.MINOR.PATCH of .Capabilities.KubeVersion, without a distribution's suffix).
+*/}}
+{{- define "gpu-scheduler.kubeSchedulerImage" -}}
+{{- $img := .Values.extender.kubeScheduler.image }}
+{{- $tag := $img.tag | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) }}
+{{- printf "%s:%s" $img.repository $tag }}
+{{- end }}
+
+{{/*
+The extender's URL as kube-scheduler calls it.
+*/}}
+{{- define "gpu-scheduler.extenderUrl" -}}
+{{- if .Values.extender.url }}
+{{- trimSuffix "/" .Values.extender.url }}
+{{- else }}
+{{- printf "https://%s.%s.svc:%d" (include "gpu-scheduler.extenderServiceName" .) .Release.Namespace (int .Values.extender.port) }}
+{{- end }}
+{{- end }}
+
+{{/*
 Fail early on webhook settings that cannot work.
 */}}
 {{- define "gpu-scheduler.validateValues" -}}
+{{- if .Values.extender.enabled }}
+{{- if not .Values.extender.tls.caBundle }}
+{{- fail "extender.enabled needs extender.tls.caBundle (base64 PEM of the CA that signed the extender's serving certificate; kube-scheduler verifies the extender with it)" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail "extender.enabled needs replicaCount: 1 (only the leader answers kube-scheduler, and readiness follows leadership: a standby would never be ready)" }}
+{{- end }}
+{{- if or (and .Values.extender.tls.crt (not .Values.extender.tls.key)) (and .Values.extender.tls.key (not .Values.extender.tls.crt)) }}
+{{- fail "extender.tls.crt and extender.tls.key go together" }}
+{{- end }}
+{{- if and .Values.extender.tls.existingSecret .Values.extender.tls.crt }}
+{{- fail "extender.tls.existingSecret excludes extender.tls.crt/key" }}
+{{- end }}
+{{- if and (gt (int .Values.replicaCount) 0) (not .Values.extender.url) (not (or .Values.extender.tls.crt .Values.extender.tls.existingSecret)) }}
+{{- fail "extender.enabled needs a serving certificate for the gpu-scheduler pod: extender.tls.crt/key or extender.tls.existingSecret" }}
+{{- end }}
+{{- end }}
 {{- if .Values.webhook.enabled }}
 {{- if and .Values.webhook.url (not (hasPrefix "https://" .Values.webhook.url)) }}
 {{- fail "webhook.url must start with https:// (the apiserver only calls webhooks over TLS)" }}

@@ -12,7 +12,8 @@ Subcommands (docs/dev-interfaces.md, docs/check.md):
 One module per program: ``once_serve.py`` (``once``, ``serve``; the checks
 themselves in ``podcheck.py``), ``verify_release.py``, ``probe.py``
 (``http-get``) and ``cli.py`` (the command line); ``settings.py`` and
-``results.py`` are shared.
+``results.py`` are shared; ``seen.py`` records what ``once``/``serve`` saw (UUID and
+PCI bus ID per GPU index) for ``kubectl``.
 
 Every check is logged as one JSON object with ``check``, ``expected``,
 ``actual``, ``ok`` (true, false, or null when skipped) and ``pod``.

@@ -15,6 +15,7 @@ from typing import Any
 from gpu_scheduling import nvml
 from gpu_scheduling.check.podcheck import NvmlQuery, run_checks
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log, log_result, passed
+from gpu_scheduling.check.seen import seen, write_termination_message
 from gpu_scheduling.check.settings import Settings
 
 
@@ -23,12 +24,20 @@ def cmd_once(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> int:
     for r in results:
         log_result(r)
     ok = passed(results)
+    record = seen(settings, results)
+    log_seen(record)
     log.log(
         logging.INFO if ok else logging.ERROR,
         "placement matches the map" if ok else "placement does NOT match the map",
         extra={"pod": settings.pod, "ok": ok, "failed": [r.check for r in results if r.ok is False]},
     )
+    write_termination_message(settings, record)
     return EXIT_OK if ok else EXIT_MISMATCH
+
+
+def log_seen(record: dict[str, Any]) -> None:
+    """One ``devices seen`` line: node, NVML status, UUID and PCI bus ID per index."""
+    log.info("devices seen", extra={"seen": record, "pod": record["pod"]})
 
 
 class _State:
@@ -37,13 +46,15 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.results: list[Result] = []
+        self.seen: dict[str, Any] | None = None
         self.checked_at: float | None = None
 
-    def set(self, results: list[Result]) -> bool | None:
-        """Store a run; returns the previous verdict (None before the first run)."""
+    def set(self, results: list[Result], record: dict[str, Any] | None = None) -> bool | None:
+        """Store a run (and what it saw); returns the previous verdict (None before the first run)."""
         with self.lock:
             before = passed(self.results) if self.checked_at is not None else None
             self.results = results
+            self.seen = record
             self.checked_at = time.time()
             return before
 
@@ -51,10 +62,12 @@ class _State:
         with self.lock:
             results = list(self.results)
             checked_at = self.checked_at
+            record = self.seen
         ok = checked_at is not None and passed(results)
         body: dict[str, Any] = {
             "ok": ok,
             "checked_at": checked_at,
+            "seen": record,
             "failed": [r.to_json() for r in results if r.ok is False],
             "checks": [r.to_json() for r in results],
         }
@@ -102,13 +115,15 @@ def _run_and_store(settings: Settings, state: _State, nvml_query: NvmlQuery) -> 
     except Exception as err:
         log.exception("check run crashed", extra={"pod": settings.pod})
         results = [Result("run", "no crash", repr(err), False, settings.pod)]
-    before = state.set(results)
+    record = seen(settings, results)
+    before = state.set(results, record)
     now = passed(results)
     changed = before is None or before != now
     for r in results:
         # Every check on the first run and whenever the verdict flips; DEBUG in between.
         log_result(r, None if changed else logging.DEBUG)
     if changed:
+        log_seen(record)
         log.log(
             logging.INFO if now else logging.ERROR,
             "ready: placement matches the map" if now else "NOT ready: placement does not match the map",
@@ -148,4 +163,8 @@ def cmd_serve(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> int:
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
+    with state.lock:
+        record = state.seen
+    if record is not None:
+        write_termination_message(settings, record)
     return EXIT_OK

@@ -80,7 +80,24 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
     """Report NVML's GPUs; compare them with the entry when there is one."""
     pod = settings.pod
     if not report.available:
-        return [Result("nvml", None, None, None, pod, {"skipped": report.reason})]
+        if settings.expect_no_gpu:
+            # Declared by the operator (check chart check.expectNoGPU): nothing to look at.
+            why = f"{report.reason}; CHECK_EXPECT_NO_GPU=true declares nodes without GPUs"
+            return [Result("nvml", None, None, None, pod, {"skipped": why})]
+        # Not looking is not passing: without NVML the GPUs the pod got cannot be verified.
+        return [
+            Result(
+                "nvml",
+                "NVML available",
+                report.reason,
+                False,
+                pod,
+                {
+                    "why": "cannot verify devices; only on nodes without GPUs set the check chart's "
+                    "check.expectNoGPU=true (env CHECK_EXPECT_NO_GPU)"
+                },
+            )
+        ]
     results = [Result("nvml", None, report.to_json(), not report.errors, pod)]
     if entry is None:
         return results

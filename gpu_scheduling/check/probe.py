@@ -18,7 +18,15 @@ def cmd_http_get(args: argparse.Namespace) -> int:
     if not url.startswith(("http://", "https://")):
         log.error("only http:// and https:// URLs", extra={"url": url})
         return EXIT_USAGE
-    context = ssl.create_default_context(cafile=args.cafile) if url.startswith("https://") else None
+    try:
+        context = ssl.create_default_context(cafile=args.cafile) if url.startswith("https://") else None
+    except (OSError, ssl.SSLError) as err:
+        # In a pod: the CA's Secret or ConfigMap is not mounted where the chart says.
+        log.error(
+            f"cannot load --cafile {args.cafile}: {err.__class__.__name__}: {err}",
+            extra={"url": url, "cafile": args.cafile},
+        )
+        return EXIT_MISMATCH
     attempts = args.retries + 1
     for attempt in range(1, attempts + 1):
         actual: Any

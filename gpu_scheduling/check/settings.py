@@ -27,6 +27,8 @@ class Settings:
     cuda_device_order: str | None = None
     nvidia_visible_devices: str | None = None
     injection_mode: str = "cuda"
+    expect_no_gpu: bool = False
+    termination_message_path: str = "/dev/termination-log"
     interval_seconds: float = 30.0
     port: int = 8080
     log_level: str = "INFO"
@@ -85,6 +87,20 @@ TABLE: tuple[Setting, ...] = (
         keep_empty=True,
     ),
     Setting("injection_mode", "GPU_INJECTION_MODE", _mode, "`cuda` or `nvidia`, as the webhook's mode"),
+    Setting(
+        "expect_no_gpu",
+        "CHECK_EXPECT_NO_GPU",
+        config.boolean,
+        "`true`: the nodes have no GPUs (check chart `check.expectNoGPU`), so NVML being unavailable "
+        "skips the device checks; `false`: it fails them (cannot verify devices)",
+    ),
+    Setting(
+        "termination_message_path",
+        "CHECK_TERMINATION_MESSAGE_PATH",
+        config.text,
+        "`once`, `serve`: on exit, what the check saw (JSON) goes here when the file exists "
+        "(the kubelet creates it: the container's `terminationMessagePath`)",
+    ),
     Setting(
         "interval_seconds",
         "CHECK_INTERVAL_SECONDS",

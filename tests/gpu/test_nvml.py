@@ -124,6 +124,12 @@ def test_report_holds_the_real_devices(truth: dict[str, Any]) -> None:
     assert indices["actual"] == {"count": truth["count"], "missing": []}
     assert indices["devices"] == [truth["devices"][0]]
     assert "nvml:count" not in checks  # cuda mode, NVIDIA_VISIBLE_DEVICES unset: not isolated
+    # What the check records for kubectl: UUID and PCI bus ID per index, as NVML says.
+    (seen,) = [json.loads(line)["seen"] for line in res.stderr.splitlines() if '"devices seen"' in line]
+    assert seen["nvml"] == "ok" and seen["ok"] is True
+    assert seen["gpus"] == [
+        {"index": d["index"], "uuid": d["uuid"], "pci_bus_id": d["pci_bus_id"]} for d in truth["devices"]
+    ]
 
 
 def test_index_beyond_the_gpus_fails(truth: dict[str, Any]) -> None:
@@ -148,6 +154,7 @@ def test_nvidia_mode_counts_what_nvml_sees(truth: dict[str, Any]) -> None:
         GPU_SCHEDULING_MAP="0=gpu-host:0",
         NVIDIA_VISIBLE_DEVICES="0",
         CUDA_VISIBLE_DEVICES="0",
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",  # the webhook sets it in both modes
         GPU_INJECTION_MODE="nvidia",
     )
     checks = checks_of(res.stderr)

@@ -95,7 +95,13 @@ def assert_selectors_pick_their_own_pods(
         }.get(kind, lambda d: None)(doc)
         if not selector:
             continue
-        expected = "webhook" if name.endswith("-webhook") else "scheduler"
+        expected = (
+            "webhook"
+            if name.endswith("-webhook")
+            else "kube-scheduler"
+            if name.endswith("-kube-scheduler")
+            else "scheduler"
+        )
         pods = pods_selected(cluster, namespace, selector)
         assert pods, f"{kind}/{name} selects no pod"
         found = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods}
@@ -120,10 +126,12 @@ def test_scheduler_chart_scenario_installs(
     assert {"Deployment", "ServiceAccount", "ClusterRole", "Role"} <= {d["kind"] for d in docs}
     assert_objects_exist(cluster, docs, namespace)
     deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
+    expected = {f"{release}-gpu-scheduler"}
     if values.get("webhook", {}).get("enabled"):
-        assert deployments == {f"{release}-gpu-scheduler", f"{release}-gpu-scheduler-webhook"}
-    else:
-        assert deployments == {f"{release}-gpu-scheduler"}
+        expected.add(f"{release}-gpu-scheduler-webhook")
+    if values.get("extender", {}).get("enabled"):
+        expected.add(f"{release}-gpu-scheduler-kube-scheduler")
+    assert deployments == expected
     assert_selectors_pick_their_own_pods(cluster, docs, namespace)
     commands = hook_commands(cluster, release, namespace)
     assert commands and all(c.argv[0] == "gpu-scheduler-check" and c.argv[1] == "http-get" for c in commands)

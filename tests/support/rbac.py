@@ -3,8 +3,8 @@
 RBAC is written once, in ``gpu-scheduler-chart/templates/rbac.yaml``. The tests never
 restate it: :func:`render_rbac` renders the chart with ``helm template`` for the test's
 release and namespace, :func:`component_objects` keeps the ServiceAccount, roles and
-bindings of one component (label ``app.kubernetes.io/component``: ``scheduler`` or
-``webhook``), and :func:`chart_identity` applies them to the local control plane and
+bindings of one component (label ``app.kubernetes.io/component``: ``scheduler``,
+``webhook`` or, in extender mode, ``kube-scheduler``), and :func:`chart_identity` applies them to the local control plane and
 yields a kubeconfig holding a token of that ServiceAccount
 (``Cluster.service_account_kubeconfig``), removing the cluster-scoped objects afterwards.
 """
@@ -25,7 +25,7 @@ from localcluster.cluster import Cluster
 from localcluster.release import REPO, SCHEDULER_CHART
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
-COMPONENTS = ("scheduler", "webhook")
+COMPONENTS = ("scheduler", "webhook", "kube-scheduler")
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 CLUSTER_SCOPED = ("ClusterRole", "ClusterRoleBinding")
 # The URL and CA only let the chart render the webhook's objects; nothing calls them.
@@ -120,8 +120,9 @@ def chart_identity(
     values: Mapping[str, Any] | None = None,
 ) -> Iterator[ChartIdentity]:
     """Apply the chart's RBAC of ``component`` (rendered for ``release`` in ``namespace``,
-    which must exist) and yield its identity; the cluster-scoped objects are deleted
-    afterwards (the namespaced ones go with the namespace)."""
+    which must exist) and yield its identity; the cluster-scoped objects and those in
+    other namespaces (kube-scheduler's RoleBinding in kube-system) are deleted afterwards
+    (the others go with the namespace)."""
     objects = render_rbac(cluster, release, namespace, component, values)
     cluster.apply(objects)
     try:
@@ -130,10 +131,13 @@ def chart_identity(
         yield ChartIdentity(component, namespace, sa, kubeconfig, tuple(objects))
     finally:
         for doc in objects:
-            if doc["kind"] in CLUSTER_SCOPED:
+            other_ns = (doc.get("metadata") or {}).get("namespace") not in (None, namespace)
+            if doc["kind"] in CLUSTER_SCOPED or other_ns:
+                where = ["-n", doc["metadata"]["namespace"]] if other_ns else []
                 cluster.kubectl(
                     "delete",
                     f"{doc['kind'].lower()}/{doc['metadata']['name']}",
+                    *where,
                     "--ignore-not-found",
                     check=False,
                 )

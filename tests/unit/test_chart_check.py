@@ -3,6 +3,9 @@ carries, the downward-API environment and the verify-release helm test."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from tests.support.charts import (
     render,
     template,
 )
+from tests.support.fakenvml import nvml_env
 
 CHART = CHECK_CHART
 NS = "gpu-tests"
@@ -102,6 +106,7 @@ def test_bad_maps_fail_with_a_message(values: dict[str, Any], message: str) -> N
         "gpuScheduling.schedulingMap[0].nodeName=Bad_Node",
         "gpuScheduling.injectionMode=rocm",
         "check.intervalSecond=3",
+        "check.expectNoGPU=maybe",
     ],
 )
 def test_schema_rejects_misspelled_keys_and_bad_values(bad: str) -> None:
@@ -140,6 +145,10 @@ def test_downward_api_environment() -> None:
     assert env["GPU_INJECTION_MODE"] == "cuda"
     assert env["CHECK_INTERVAL_SECONDS"] == "30"
     assert env["CHECK_PORT"] == "8080"
+    # Nodes are assumed to have GPUs: NVML unavailable fails the check unless declared otherwise.
+    assert env["CHECK_EXPECT_NO_GPU"] == "false"
+    assert c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "File"
     # CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES come from the webhook, never from the chart.
     assert not {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"} & env.keys()
 
@@ -205,3 +214,39 @@ def test_long_release_names_fit_pod_names() -> None:
     name = sts(docs)["metadata"]["name"]
     # <statefulset>-<ordinal> and the controller-revision-hash label must stay within 63.
     assert len(name) <= 52
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_gpu_less_ci_scenarios_declare_it(values_file: Path) -> None:
+    # Every ci/ scenario runs on nodes without GPUs (kwok, a ct test cluster): declared explicitly.
+    (c,) = pod_spec(sts(render(CHART, [values_file])))["containers"]
+    assert env_of(c)["CHECK_EXPECT_NO_GPU"] == "true"
+
+
+@pytest.mark.parametrize(("declared", "exit_code"), [(None, 1), ("true", 0), ("false", 1)])
+def test_expect_no_gpu_reaches_the_check(fake_nvml: Path, declared: str | None, exit_code: int) -> None:
+    """The rendered container env, with the downward-API values a pod would get, run by the check
+    where NVML cannot initialise (the fake answers "driver not loaded")."""
+    set_args = [f"check.expectNoGPU={declared}"] if declared else []
+    s = sts(render(CHART, namespace=NS, set_args=set_args))
+    (c,) = pod_spec(s)["containers"]
+    env = {k: v for k, v in env_of(c).items() if isinstance(v, str)}
+    env.update(
+        POD_NAME=f"{FULL}-1",
+        POD_NAMESPACE=NS,
+        NODE_NAME="node2",
+        POD_INDEX="1",
+        GPU_SCHEDULING_MAP=s["spec"]["template"]["metadata"]["annotations"][ANNOTATION],
+        CUDA_VISIBLE_DEVICES="2",
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+    )
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "gpu-scheduler-check"), "once"],
+        env={**base, **env, **nvml_env(fake_nvml, gpus=4, init_error=9)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == exit_code, res.stderr

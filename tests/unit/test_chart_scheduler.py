@@ -35,6 +35,12 @@ WEBHOOK_SELECTOR = {
     "app.kubernetes.io/component": "webhook",
 }
 SCHEDULER_USER = f"system:serviceaccount:{NS}:{FULL}"
+KUBE_SCHEDULER = f"{FULL}-kube-scheduler"
+KUBE_SCHEDULER_SELECTOR = {
+    "app.kubernetes.io/name": "gpu-scheduler-kube-scheduler",
+    "app.kubernetes.io/instance": REL,
+    "app.kubernetes.io/component": "kube-scheduler",
+}
 
 
 def webhook_values(**extra: Any) -> dict[str, Any]:
@@ -215,9 +221,9 @@ def test_every_selector_selects_one_component(values_file: Path) -> None:
     assert selectors
     for name, selector in selectors:
         selected = [component for component, labels in pods.items() if matches(selector, labels)]
-        expected = "webhook" if name == WEBHOOK else "scheduler"
+        expected = {WEBHOOK: "webhook", KUBE_SCHEDULER: "kube-scheduler"}.get(name, "scheduler")
         assert selected == [expected], f"{name}: {selector} selects {selected}"
-        assert selector in (SELECTOR, WEBHOOK_SELECTOR), f"{name}: {selector}"
+        assert selector in (SELECTOR, WEBHOOK_SELECTOR, KUBE_SCHEDULER_SELECTOR), f"{name}: {selector}"
 
 
 def test_upgrade_from_the_single_deployment_chart_keeps_the_scheduler_deployment() -> None:
@@ -303,7 +309,10 @@ def test_scheduler_injection_settings_follow_the_webhook(
 
 def test_image_defaults_to_app_version_and_can_be_pinned() -> None:
     dep = one(render(CHART), "Deployment")
-    assert container(dep, "scheduler")["image"] == "gpu-scheduler:0.1.0"
+    assert (
+        container(dep, "scheduler")["image"]
+        == "registry.gitlab.com/evgenii19/gpu-scheduler/gpu-scheduler:0.1.0"
+    )
     dep = one(
         render(
             CHART, set_args=["image.repository=reg.example/gs", "image.tag=abc123", "image.pullPolicy=Always"]

@@ -306,23 +306,42 @@ def test_query_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not report.available and "pynvml is not installed" in (report.reason or "")
 
 
-def test_nvml_skipped_line() -> None:
+def test_nvml_unavailable_fails_unless_no_gpu_is_declared() -> None:
+    # The check cannot pass by not looking: no NVML means the devices are not verified.
     (r,) = nvml_results(settings(), Entry(1, "node2", (2,)), no_nvml())
+    assert (r.check, r.expected, r.actual, r.ok) == (
+        "nvml",
+        "NVML available",
+        "NVML not available: test",
+        False,
+    )
+    assert "check.expectNoGPU" in r.extra["why"]
+    # Declared explicitly (check chart check.expectNoGPU): one skipped line that says so.
+    (r,) = nvml_results(settings(expect_no_gpu=True), Entry(1, "node2", (2,)), no_nvml())
     assert r.to_json() == {
         "check": "nvml",
         "expected": None,
         "actual": None,
         "ok": None,
         "pod": "ns/w-1",
-        "skipped": "NVML not available: test",
+        "skipped": "NVML not available: test; CHECK_EXPECT_NO_GPU=true declares nodes without GPUs",
     }
+
+
+def test_expect_no_gpu_still_checks_the_gpus_nvml_sees() -> None:
+    # Declaring no GPU does not switch NVML off: where it answers, its devices are checked.
+    s = settings(expect_no_gpu=True)
+    checks = by_check(nvml_results(s, Entry(1, "node2", (2,)), nvml.query(fake_pynvml(2))))
+    assert checks["nvml:indices"].ok is False
 
 
 def test_run_checks_without_nvml_still_checks_node_and_env() -> None:
     results = run_checks(settings(), no_nvml)
     assert [r.check for r in results][-1] == "nvml"
-    assert passed(results)
-    assert not passed(run_checks(settings(node_name="node1"), no_nvml))
+    assert not passed(results)
+    assert [r.check for r in results if r.ok is False] == ["nvml"]
+    assert passed(run_checks(settings(expect_no_gpu=True), no_nvml))
+    assert not passed(run_checks(settings(node_name="node1", expect_no_gpu=True), no_nvml))
 
 
 def test_cuda_mode_indices_exist() -> None:

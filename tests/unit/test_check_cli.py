@@ -1,7 +1,8 @@
 """``gpu-scheduler-check`` as a process: ``once`` exit codes, ``serve`` readiness, ``http-get``.
 
-The maps here use GPU index 0 only, so the results are the same on a machine
-without NVML (the NVML check is skipped) and on one with a GPU (index 0 exists).
+Every process loads the fake NVML (tests/support/fakenvml.py) with one GPU, and the
+maps here use GPU index 0 only: the results are the same on every machine, with or
+without a real GPU (LD_LIBRARY_PATH puts the fake first).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduling import check, nvml
+from tests.support.fakenvml import nvml_env
 
 CHECK_CMD = Path(sys.executable).parent / "gpu-scheduler-check"
 
@@ -42,9 +44,18 @@ GOOD_ENV = {
 }
 
 
+# The fake NVML's environment (one GPU), set for every test of this module by _one_fake_gpu.
+NVML_ENV: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def _one_fake_gpu(fake_nvml: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.NVML_ENV", nvml_env(fake_nvml, gpus=1))
+
+
 def proc_env(**over: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LD_LIBRARY_PATH")}
-    merged: dict[str, str | None] = {**GOOD_ENV, **over}
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    merged: dict[str, str | None] = {**NVML_ENV, **GOOD_ENV, **over}
     env.update({k: v for k, v in merged.items() if v is not None})
     return env
 
@@ -88,9 +99,8 @@ def test_once_good_env_exits_0() -> None:
         "ok": True,
         "pod": "ns/w-1",
     }
-    assert checks["nvml"]["ok"] in (True, None)
-    if checks["nvml"]["ok"] is None:
-        assert checks["nvml"]["skipped"].startswith("NVML not available: ")
+    assert checks["nvml"]["ok"] is True
+    assert checks["nvml:indices"]["ok"] is True
 
 
 @pytest.mark.parametrize(
@@ -121,10 +131,22 @@ def test_once_nvidia_mode_good() -> None:
     checks = checks_of(res.stderr)
     assert checks["env:NVIDIA_VISIBLE_DEVICES"]["ok"] is True
     assert checks["env:CUDA_VISIBLE_DEVICES"]["ok"] is True
-    # Outside a container NVIDIA_VISIBLE_DEVICES isolates nothing: with NVML and more than one GPU
-    # the count check rightly fails; otherwise the run passes.
-    count = checks.get("nvml:count")
-    assert res.returncode == (1 if count is not None and count["ok"] is False else 0), res.stderr
+    assert checks["nvml:count"]["ok"] is True  # the fake has one GPU: as isolated as the map says
+    assert res.returncode == 0, res.stderr
+
+
+def test_once_without_nvml_fails_unless_no_gpu_is_declared() -> None:
+    # The fake's init answers NVML_ERROR_DRIVER_NOT_LOADED: what a node without a driver says.
+    res = run_once(FAKE_NVML_INIT_ERROR="9")
+    assert res.returncode == 1, res.stderr
+    nvml_line = checks_of(res.stderr)["nvml"]
+    assert nvml_line["ok"] is False and nvml_line["expected"] == "NVML available"
+    assert nvml_line["actual"] == "NVML not available: NVMLError_DriverNotLoaded: Driver Not Loaded"
+    assert json_lines(res.stderr)[-1]["failed"] == ["nvml"]
+    declared = run_once(FAKE_NVML_INIT_ERROR="9", CHECK_EXPECT_NO_GPU="true")
+    assert declared.returncode == 0, declared.stderr
+    assert checks_of(declared.stderr)["nvml"]["ok"] is None
+    assert run_once(FAKE_NVML_INIT_ERROR="9", CHECK_EXPECT_NO_GPU="maybe").returncode == 2
 
 
 def test_once_bad_settings_exit_2() -> None:
@@ -241,7 +263,7 @@ def test_readiness_follows_each_run() -> None:
             nvml.NvmlReport(False, reason="NVML not available: x"),
         ]
     )
-    settings = check.Settings.from_env(GOOD_ENV)
+    settings = check.Settings.from_env({**GOOD_ENV, "CHECK_EXPECT_NO_GPU": "true"})
     state = check._State()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), check._handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -373,6 +395,14 @@ def test_http_get_tls_with_cafile(https_server: tuple[str, Path]) -> None:
     res = http_get(f"{url}/ok", "--retries", "0")  # system CAs do not know this server
     assert res.returncode == 1
     assert "CERTIFICATE_VERIFY_FAILED" in res.stderr
+
+
+def test_http_get_missing_cafile_is_one_line(https_server: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = https_server
+    res = http_get(f"{url}/ok", "--cafile", str(tmp_path / "absent.crt"), "--retries", "0")
+    assert res.returncode == 1
+    (line,) = json_lines(res.stderr)  # json_lines refuses a traceback
+    assert line["msg"].startswith(f"cannot load --cafile {tmp_path / 'absent.crt'}: FileNotFoundError")
 
 
 def test_http_get_rejects_other_schemes() -> None:

@@ -69,7 +69,9 @@ def chart_commands() -> set[str]:
             for doc in render(chart, [f]):
                 if doc["kind"] in ("Deployment", "StatefulSet", "Pod"):
                     spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
-                    programs |= {c["command"][0] for c in spec["containers"]}
+                    # The extender scenario's kube-scheduler runs the upstream image, not ours.
+                    ours = [c for c in spec["containers"] if not c["image"].startswith("registry.k8s.io/")]
+                    programs |= {c["command"][0] for c in ours}
     return programs
 
 

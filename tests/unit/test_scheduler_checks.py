@@ -335,10 +335,16 @@ def test_pod_index_label_wins_over_the_name() -> None:
 def test_node_signature_changes_only_with_what_the_checks_read() -> None:
     base = node("node2")
     same = node("node2")
-    same["metadata"]["labels"] = {"x": "y"}
     same["status"]["conditions"][0]["lastHeartbeatTime"] = "later"
+    same["metadata"]["annotations"] = {"x": "y"}
     assert checks.node_signature(base) == checks.node_signature(same)
+    labelled = node("node2")
+    labelled["metadata"]["labels"] = {"x": "y"}  # node affinity reads labels
+    grown = node("node2")
+    grown["status"]["allocatable"]["cpu"] = "16"  # the fit checks read allocatable
     for changed in (
+        labelled,
+        grown,
         node("node2", unschedulable=True),
         node("node2", ready="False"),
         node("node2", gpus="8"),

@@ -20,9 +20,10 @@ def pod(uid: str = "u1", name: str = "w-0") -> dict[str, Any]:
 
 
 def drain(rec: EventRecorder) -> list[Any]:
+    """Everything queued, in the order the sender would take it (not busy: nothing waits)."""
     out = []
-    while not rec._queue.empty():
-        out.append(rec._queue.get_nowait())
+    while rec.pending():
+        out.append(rec._next())
     return out
 
 
@@ -102,3 +103,30 @@ def test_full_queue_drops_instead_of_blocking() -> None:
     rec.normal(pod(), "Scheduled", "b")
     assert rec.dropped == 1
     assert rec.pending() == 1
+
+
+def test_warnings_go_first_and_normal_events_wait_while_busy_up_to_the_limit() -> None:
+    clock = Clock()
+    busy = [True]
+    rec = EventRecorder(None, "c", "i", clock=clock, busy=lambda: busy[0], defer_max=30)  # type: ignore[arg-type]
+    rec.normal(pod("a", "a-0"), "Scheduled", "bound a")
+    rec.warning(pod("b", "b-0"), "FailedScheduling", "GPUInUse: ...")
+    first = rec._next()
+    assert first is not None and first.body.reason == "FailedScheduling"  # queued later, sent first
+    # Busy and not yet waited long: the sender waits (here: the clock moves on instead).
+    waited = []
+
+    def tick(_: float | None = None) -> bool:
+        waited.append(clock.now)
+        clock.now += 10
+        return True
+
+    rec._cond.wait = tick  # type: ignore[method-assign]
+    second = rec._next()
+    assert second is not None and second.body.reason == "Scheduled"
+    assert waited == [0.0, 10.0, 20.0]  # released by defer_max (30 s), although still busy
+    rec.normal(pod("c", "c-0"), "Scheduled", "bound c")
+    busy[0] = False
+    waited.clear()
+    third = rec._next()
+    assert third is not None and waited == []  # not busy: at once

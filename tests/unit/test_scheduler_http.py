@@ -116,6 +116,7 @@ def lease_scheduler() -> Iterator[tuple[str, Scheduler, FakeClock]]:
     clock = FakeClock()
     sched.elector._clock = clock
     sched.pods.synced.set()
+    sched.assigned.synced.set()
     sched.nodes.synced.set()
     server = HealthServer("127.0.0.1", 0, sched.probes())
     server.start()
@@ -159,7 +160,12 @@ def test_readiness_fails_when_nobody_renews_for_twice_the_lease_duration(
     clock.now += 0.2  # 6.1 s > 2 x 3 s: nobody renews
     code, _, body = get(url + "/readyz")
     assert code == 503
-    assert json.loads(body)["checks"] == {"pods-synced": True, "nodes-synced": True, "leader-renewing": False}
+    assert json.loads(body)["checks"] == {
+        "pods-synced": True,
+        "assigned-pods-synced": True,
+        "nodes-synced": True,
+        "leader-renewing": False,
+    }
     _, _, body = get(url + "/health")
     data = json.loads(body)
     assert data["lease"]["renewing"] is False
