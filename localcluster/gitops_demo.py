@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,17 +53,161 @@ def apply_argocd(cluster: Cluster, repo_url: str, *files: str) -> None:
         cluster.apply(argocd_manifest(name, repo_url))
 
 
+HOOK_ANNOTATION = "argocd.argoproj.io/hook"
+# What a kubelet keeps of a container's log as its termination message
+# (terminationMessagePolicy: FallbackToLogsOnError): the last 80 lines, at most 2048 bytes.
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+
+
+@dataclass
+class HookRun:
+    """An Argo CD hook pod's command, running on the host (kwok runs no containers)."""
+
+    pod: dict[str, Any]
+    proc: subprocess.Popen[bytes]
+    log: Path
+    message_file: Path | None
+    started: str
+
+
 @dataclass
 class HostComponents:
-    """The scheduler and the webhook as host processes, started once their identities exist."""
+    """The scheduler and the webhook as host processes, started once their identities exist;
+    and every Argo CD hook pod's command, run on the host with the pod's ServiceAccount, its
+    outcome written into the pod's status as a kubelet would."""
 
     cluster: Cluster
     procs: list[ManagedProcess] = field(default_factory=list)
     scheduler: ManagedProcess | None = None
     webhook: ManagedProcess | None = None
     notes: list[str] = field(default_factory=list)
+    hooks: dict[str, HookRun] = field(default_factory=dict)
+    hooks_done: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop the host scheduler and webhook (their identities are about to go)."""
+        for name, proc in (("gpu-scheduler", self.scheduler), ("gpu-scheduler-webhook", self.webhook)):
+            if proc is not None:
+                self.cluster.procs.pop(name, None)
+                proc.stop()
+        self.scheduler = self.webhook = None
+
+    def run_hooks(self) -> None:
+        c = self.cluster
+        for uid, run in list(self.hooks.items()):
+            if run.proc.poll() is None:
+                continue
+            del self.hooks[uid]
+            self._finish(run)
+        res = c.kubectl("get", "pods", "-A", "-o", "json", check=False)
+        if res.returncode != 0:
+            return
+        for pod in json.loads(res.stdout).get("items", []):
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            if (
+                HOOK_ANNOTATION not in (meta.get("annotations") or {})
+                or uid in self.hooks
+                or uid in self.hooks_done
+                or pod.get("status", {}).get("phase") != "Running"
+                or meta.get("deletionTimestamp")
+            ):
+                continue
+            self.hooks[uid] = self._start(pod)
+
+    def _start(self, pod: dict[str, Any]) -> HookRun:
+        c = self.cluster
+        meta, spec = pod["metadata"], pod["spec"]
+        (container,) = spec["containers"]
+        work = c.workdir / "hooks" / f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}"
+        work.mkdir(parents=True, exist_ok=True)
+        argv = [*container["command"], *(container.get("args") or [])]
+        exe = Path(sys.executable).parent / argv[0]
+        if exe.exists():
+            argv[0] = str(exe)
+        message_file = None
+        path = container.get("terminationMessagePath", "/dev/termination-log")
+        if path in argv:  # the file the kubelet creates: a file here
+            message_file = work / "termination-log"
+            message_file.write_text("")
+            argv[argv.index(path)] = str(message_file)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBECONFIG")}
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = str(e["value"])
+            elif (e.get("valueFrom") or {}).get("fieldRef"):
+                field_path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"]}[
+                    field_path
+                ]
+        env["KUBECONFIG"] = str(
+            c.service_account_kubeconfig(
+                meta["namespace"],
+                spec.get("serviceAccountName", "default"),
+                path=work / "kubeconfig",
+            )
+        )
+        log = work / "output.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return HookRun(pod, proc, log, message_file, _now())
+
+    def _finish(self, run: HookRun) -> None:
+        meta = run.pod["metadata"]
+        (container,) = run.pod["spec"]["containers"]
+        code = run.proc.returncode
+        message = run.message_file.read_text() if run.message_file else ""
+        if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = "\n".join(run.log.read_text(errors="replace").splitlines()[-FALLBACK_LINES:])
+            message = tail.encode()[-FALLBACK_BYTES:].decode(errors="ignore")
+        phase = "Succeeded" if code == 0 else "Failed"
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started,
+            "finishedAt": _now(),
+        }
+        if message:
+            terminated["message"] = message
+        status = {
+            "phase": phase,
+            "conditions": [
+                {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": _now()}
+                for t in ("Ready", "ContainersReady")
+            ],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+        self.cluster.kubectl(
+            "patch",
+            "pod",
+            meta["name"],
+            "-n",
+            meta["namespace"],
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+            check=False,
+        )
+        self.hooks_done[meta["uid"]] = (f"{meta['namespace']}/{meta['name']}", code, message)
+        self.notes.append(
+            f"Argo CD hook pod {meta['namespace']}/{meta['name']}: its command ran on the host as "
+            f"ServiceAccount {run.pod['spec'].get('serviceAccountName', 'default')}, exit {code}"
+            + (f": {message.strip()[:200]}" if message.strip() else "")
+        )
 
     def poll(self) -> None:
+        self.run_hooks()
         c = self.cluster
         if self.scheduler is None:
             sas = get(c, "serviceaccount", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}")
@@ -113,8 +260,6 @@ class HostComponents:
             (certdir / "tls.key").chmod(0o600)
             port = free_port()
             kc = c.service_account_kubeconfig(SYSTEM_NS, sa)
-            import os
-
             env = {
                 **os.environ,
                 "KUBECONFIG": str(kc),
@@ -157,6 +302,10 @@ class Timeline:
 
     def text(self) -> str:
         return "\n".join(f"+{t:6.1f}s  {e}" for t, e in sorted(self.events))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _ts(s: str | None) -> datetime | None:
@@ -277,7 +426,8 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
         print("\nTimeline (seconds after argocd/ was applied):")
         print(tl.text())
         print(
-            "\nThe scheduler and webhook pods of the chart are kwok pods that run nothing; the real ones ran as host processes:"
+            "\nThe chart's scheduler, webhook and hook pods are kwok pods that run nothing; the real "
+            "programs ran as host processes:"
         )
         for note in hosts.notes:
             print(f"  - {note}")
