@@ -323,13 +323,23 @@ def observe(cluster: Cluster, tl: Timeline, apps: tuple[str, ...]) -> bool:
             tl.mark(f"{app}/start", f"{app}: sync started", _ts(op["startedAt"]))
         if op.get("phase") in ("Failed", "Error"):
             tl.mark(f"{app}/failed", f"{app}: sync {op['phase']}: {op.get('message', '')}")
+        if op.get("phase") == "Succeeded" and op.get("finishedAt"):
+            tl.mark(f"{app}/finished", f"{app}: sync finished (Succeeded)", _ts(op["finishedAt"]))
+        for res in (op.get("syncResult") or {}).get("resources") or []:
+            if res.get("hookType") and res.get("hookPhase") in ("Succeeded", "Failed", "Error"):
+                tl.mark(
+                    f"{app}/hook/{res['kind']}/{res['name']}",
+                    f"{app}: {res['hookType']} hook {res['kind']} {res['name']} {res['hookPhase']}"
+                    + (f": {res['message']}" if res["kind"] == "Pod" and res.get("message") else ""),
+                )
         sync = st.get("sync", {}).get("status")
         health = st.get("health", {}).get("status")
         if sync == "Synced":
             tl.mark(f"{app}/synced", f"{app}: Synced")
         if health == "Healthy":
             tl.mark(f"{app}/healthy", f"{app}: Healthy")
-        done = done and sync == "Synced" and health == "Healthy"
+        # Synced and Healthy say nothing of hooks: the sync operation itself must be over.
+        done = done and sync == "Synced" and health == "Healthy" and op.get("phase") == "Succeeded"
     for cert in get(cluster, "certificates.cert-manager.io", "-A").get("items", []):
         for cond in cert.get("status", {}).get("conditions", []):
             if cond["type"] == "Ready" and cond["status"] == "True":
@@ -356,6 +366,8 @@ def placement_table(cluster: Cluster) -> tuple[str, bool]:
     pods = get(cluster, "pods", "-n", CHECK_NS, "-l", "app.kubernetes.io/name=gpu-scheduler-check").get(
         "items", []
     )
+    # Not the verification hook pod: it carries the chart's labels too.
+    pods = [p for p in pods if HOOK_ANNOTATION not in (p["metadata"].get("annotations") or {})]
     rows = [("ORDINAL", "POD", "NODE", "GPUS", "CUDA_VISIBLE_DEVICES", "PHASE", "MAP SAYS", "MATCH")]
     good = bool(pods)
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
