@@ -187,8 +187,13 @@ class Cluster:
         gpus_per_node: int = 4,
         detach: bool = False,
         timeout: float = 120,
+        service_network: bool = False,
     ) -> Cluster:
-        """Start every component; on any failure stop what was started and raise."""
+        """Start every component; on any failure stop what was started and raise.
+
+        ``service_network``: also start localcluster.svcproxy and route the apiserver's
+        Service webhook calls through it (``register_service`` maps a Service to a port).
+        """
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         pki = LocalPKI(workdir / "pki")
@@ -203,6 +208,8 @@ class Cluster:
         cluster.webhook_client_ca_file = webhook_pki.ca_file
         webhook_client = webhook_pki.issue("apiserver-webhook-client", "kube-apiserver-webhook-client")
         try:
+            if service_network:
+                cluster._start_service_proxy(timeout)
             cluster._start_components(pki, api_port, timeout, webhook_client)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)
         except BaseException:
@@ -281,6 +288,7 @@ class Cluster:
                 "--profiling=false",
                 "--endpoint-reconciler-type=none",
                 f"--cert-dir={self.workdir / 'pki'}",
+                *self._egress_flags(),
                 "--v=1",
             ],
         )
@@ -355,6 +363,74 @@ class Cluster:
         self.wait_until(
             lambda: self._ok("get", "serviceaccount", "default", "-n", "default"), timeout, "default SA"
         )
+
+    # ---------------------------------------------------------------- Service network
+    @property
+    def services_file(self) -> Path:
+        return self.workdir / "services.json"
+
+    def _start_service_proxy(self, timeout: float) -> None:
+        import sys
+        import tempfile
+
+        self.services_file.write_text("{}")
+        # A short path: a Unix socket's name is limited to ~100 bytes.
+        sock = Path(tempfile.mkdtemp(prefix="gs-svc-")) / "proxy.sock"
+        proc = self._spawn(
+            "svcproxy",
+            [
+                sys.executable,
+                "-m",
+                "localcluster.svcproxy",
+                "--socket",
+                str(sock),
+                "--map",
+                str(self.services_file),
+            ],
+        )
+        self.wait_until(sock.exists, timeout, "the Service proxy")
+        if not proc.running():
+            raise proc.fail("exited during start-up")
+        config = self.workdir / "egress-selector.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.k8s.io/v1beta1",
+                    "kind": "EgressSelectorConfiguration",
+                    "egressSelections": [
+                        {
+                            "name": "cluster",
+                            "connection": {
+                                "proxyProtocol": "HTTPConnect",
+                                "transport": {"uds": {"udsName": str(sock)}},
+                            },
+                        }
+                    ],
+                },
+                sort_keys=False,
+            )
+        )
+
+    def _egress_flags(self) -> list[str]:
+        config = self.workdir / "egress-selector.yaml"
+        return [f"--egress-selector-config-file={config}"] if config.exists() else []
+
+    def register_service(self, namespace: str, name: str, port: int, target_port: int) -> None:
+        """Route the apiserver's calls to Service ``namespace/name:port`` (which must exist: the
+        apiserver dials its ClusterIP) to 127.0.0.1:``target_port``."""
+        if not self.services_file.exists():
+            raise RuntimeError("this control plane was started without service_network=True")
+        table = json.loads(self.services_file.read_text())
+        table[f"{name}.{namespace}.svc:{port}"] = target_port
+        # kube-apiserver dials a Service webhook at the Service's ClusterIP.
+        ip = self.kubectl(
+            "get", "service", name, "-n", namespace, "-o", "jsonpath={.spec.clusterIP}"
+        ).stdout.strip()
+        if ip and ip != "None":
+            table[f"{ip}:{port}"] = target_port
+        tmp = self.services_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        tmp.replace(self.services_file)
 
     def _admission_config(self, crt: Path, key: Path) -> Path:
         """An AdmissionConfiguration whose webhook kubeconfig gives every webhook call a client certificate.

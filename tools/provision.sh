@@ -5,7 +5,7 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|all]...   (default: all)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -28,9 +28,28 @@ etcd_dir="$CACHE/etcd-$ETCD_VERSION-k8s-$KUBERNETES_VERSION"
 kwok_dir="$CACHE/kwok-$KWOK_VERSION"
 helm_dir="$CACHE/helm-$HELM_VERSION-r2"
 ct_dir="$CACHE/ct-$CT_VERSION"
+argocd_dir="$CACHE/argocd-$ARGOCD_VERSION-ge-${ARGOCD_GITOPS_ENGINE_VERSION##*-}"
+cm_dir="$CACHE/cert-manager-$CERT_MANAGER_VERSION"
 
 print_bin_dirs() {
-  printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin"
+  printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
+    "$argocd_dir/bin" "$cm_dir/bin"
+}
+
+# One build per folder at a time: a second provision.sh (another make test, a CI
+# job beside this one) waits on the folder's lock instead of building it twice.
+with_lock() { # dir command...
+  local dir=$1; shift
+  mkdir -p "$(dirname "$dir")"
+  exec {lockfd}>"$dir.lock"
+  flock "$lockfd"
+  "$@"
+  exec {lockfd}>&-
+}
+
+mod_dir() { # module@version -> its extracted folder in the module cache
+  (cd "$(mktemp -d)" && GOFLAGS= go mod download -json "$1" \
+    | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["Dir"]) if "Dir" in d else sys.exit(d.get("Error"))')
 }
 
 check_go() {
@@ -191,13 +210,97 @@ build_ct() {
   touch "$ct_dir/.done"
 }
 
+# Argo CD: one multi-call binary (ARGOCD_BINARY_NAME picks the component), built
+# through a wrapper module. Replace directives of a dependency are ignored, so the
+# wrapper repeats argo-cd's own (k8s.io/* pins) except `gitops-engine => ./gitops-engine`,
+# a folder the module zip lacks: that one points at the published commit pinned in
+# versions.env (why: see there). Next to the binary: helm (the repo-server renders
+# charts), the module's hack/git-verify-wrapper.sh (the repo-server calls it) and
+# manifests/base/config (argocd-cm, argocd-secret, ...) and the CRDs.
+build_miniredis() { # wrapper-src: Argo CD's cache, from the same module graph
+  cp -r "$here/argocd/miniredis" "$1/"
+  (cd "$1" && go build -ldflags "-s -w" -o "$argocd_dir/bin/miniredis" ./miniredis)
+}
+
+build_argocd() {
+  [ -f "$argocd_dir/.done" ] && return
+  check_go
+  local src="$CACHE/src/$(basename "$argocd_dir")" mod
+  mod=$(mod_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")
+  rm -rf "$src" "$argocd_dir"; mkdir -p "$src" "$argocd_dir/bin"
+  {
+    echo "module gpu-scheduler.local/argocd-build"
+    echo
+    echo "go $(awk '$1=="go"{print $2; exit}' "$mod/go.mod")"
+    echo
+    echo "require ("
+    echo "	github.com/argoproj/argo-cd/v3 $ARGOCD_VERSION"
+    echo "	github.com/argoproj/argo-cd/gitops-engine $ARGOCD_GITOPS_ENGINE_VERSION"
+    echo ")"
+    echo
+    echo "replace ("
+    awk '/^replace \($/{r=1; next} r&&/^\)/{r=0} r&&/=>/{print "\t" $1 " => " $3 " " $4}' "$mod/go.mod"
+    echo "	github.com/argoproj/argo-cd/gitops-engine => github.com/argoproj/argo-cd/gitops-engine $ARGOCD_GITOPS_ENGINE_VERSION"
+    echo ")"
+  } >"$src/go.mod"
+  log "building Argo CD $ARGOCD_VERSION (gitops-engine $ARGOCD_GITOPS_ENGINE_VERSION; cold: ~20 min on 2 cores)"
+  local p=github.com/argoproj/argo-cd/v3/common
+  (cd "$src" && go build -ldflags "-s -w -X $p.version=${ARGOCD_VERSION#v} -X $p.gitTag=$ARGOCD_VERSION \
+      -X $p.gitTreeState=clean -X $p.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+      -o "$argocd_dir/bin/argocd" github.com/argoproj/argo-cd/v3/cmd)
+  build_miniredis "$src"
+  install -m 0755 "$mod/hack/git-verify-wrapper.sh" "$argocd_dir/bin/git-verify-wrapper.sh"
+  mkdir -p "$argocd_dir/config" "$argocd_dir/crds"
+  install -m 0644 "$mod"/manifests/base/config/*.yaml "$argocd_dir/config/"
+  install -m 0644 "$mod"/manifests/crds/*-crd.yaml "$argocd_dir/crds/"
+  "$argocd_dir/bin/argocd" version --client --short >&2
+  touch "$argocd_dir/.done"
+}
+
+# cert-manager: upstream's entry points (cmd/controller, cmd/cainjector, cmd/webhook)
+# are nested modules that the module proxy does not serve, so the wrapper module holds
+# small entry points of our own (tools/cert-manager/*/main.go) over the main module's
+# packages. Its path lies under github.com/cert-manager/cert-manager, like upstream's
+# nested modules, so it may import the module's internal/ packages. The main module's
+# own replace directives are repeated (a dependency's are ignored). Next to the
+# binaries: the module's Helm chart (the CRDs and the webhook configurations come
+# from it, rendered by localcluster).
+build_cert_manager() {
+  [ -f "$cm_dir/.done" ] && return
+  check_go
+  local src="$CACHE/src/$(basename "$cm_dir")" mod
+  mod=$(mod_dir "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION")
+  rm -rf "$src" "$cm_dir"; mkdir -p "$src" "$cm_dir/bin"
+  cp -r "$here/cert-manager/controller" "$here/cert-manager/cainjector" "$here/cert-manager/webhook" "$src/"
+  {
+    echo "module github.com/cert-manager/cert-manager/gpu-scheduler-local-build"
+    echo
+    echo "go $(awk '$1=="go"{print $2; exit}' "$mod/go.mod")"
+    echo
+    echo "require github.com/cert-manager/cert-manager $CERT_MANAGER_VERSION"
+    awk '/^replace \($/{r=1; next} r&&/^\)/{r=0} r&&/=>/{print "replace " $1 " => " $3 " " $4} /^replace [^(]/{print}' "$mod/go.mod"
+  } >"$src/go.mod"
+  log "building cert-manager $CERT_MANAGER_VERSION (controller, cainjector, webhook)"
+  local x="-X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION"
+  (cd "$src" && for c in controller cainjector webhook; do
+     go build -ldflags "-s -w $x" -o "$cm_dir/bin/cert-manager-$c" "./$c" || exit 1
+   done)
+  mkdir -p "$cm_dir/chart"
+  cp -r "$mod/deploy/charts/cert-manager/." "$cm_dir/chart/"
+  chmod -R u+w "$cm_dir/chart"
+  touch "$cm_dir/.done"
+}
+
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 start=$(date +%s)
 for t in "${targets[@]}"; do
   case "$t" in
     k8s) build_k8s ;; etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; ct) build_ct ;;
-    all) build_k8s; build_etcd; build_kwok; build_helm; build_ct ;;
+    argocd) with_lock "$argocd_dir" build_argocd ;;
+    cert-manager) with_lock "$cm_dir" build_cert_manager ;;
+    all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
+         with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

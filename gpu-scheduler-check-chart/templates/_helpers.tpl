@@ -111,3 +111,19 @@ ordered by podIndex. Fails when a replica has no entry or an index is given twic
 {{- end }}
 {{- join "\n" $lines }}
 {{- end }}
+
+{{/*
+Argo CD hook annotations of the verification pod and its RBAC (tests.argocdHook): a Sync
+hook recreated on every sync, removed after a successful one (a failed one stays for
+`kubectl logs`). Wave "0", the resources' own: without it Argo CD takes the helm.sh/hook-weight
+as the wave, and a sync with several waves waits for every resource to be Healthy before
+it looks at the hook (a misplaced replica never is). Within the wave Argo CD creates the
+ServiceAccount, Role and RoleBinding before the Pod (kind order).
+*/}}
+{{- define "gpu-scheduler-check.argocdHook" -}}
+{{- if .Values.tests.argocdHook -}}
+argocd.argoproj.io/hook: Sync
+argocd.argoproj.io/hook-delete-policy: BeforeHookCreation,HookSucceeded
+argocd.argoproj.io/sync-wave: "0"
+{{- end -}}
+{{- end }}

@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", choices=["auto", *MODES], default="auto", help="injection mode; auto: per container"
     )
     v.add_argument("--kubeconfig", help="default: $KUBECONFIG, else in-cluster, else ~/.kube/config")
+    v.add_argument(
+        "--termination-message-path",
+        help="also write a one-line verdict naming each failing replica into this file if it exists "
+        "(/dev/termination-log in a pod: Argo CD shows it for a failed hook)",
+    )
     h = sub.add_parser("http-get", help="GET a URL and expect a status (helm test)")
     h.add_argument("url")
     h.add_argument("--cafile", help="CA bundle to verify an https:// server with")

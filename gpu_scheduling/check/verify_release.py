@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -239,6 +240,42 @@ def _fetch_release(api: Any, core: Any, apps: Any, namespace: str, selector: str
     return out
 
 
+# What a kubelet keeps of a termination message (bytes).
+TERMINATION_MESSAGE_LIMIT = 4096
+
+
+def failure_summary(results: Sequence[Result]) -> str:
+    """One line naming every failing replica and what is wrong with it, e.g.
+    ``gpu-scheduler-check-1: node want node9 got None, phase want Running got Pending``:
+    the container's termination message, which Argo CD shows for a failed hook."""
+    by_pod: dict[str, list[str]] = {}
+    for r in results:
+        if r.ok is False:
+            name = r.pod.rsplit("/", 1)[-1]
+            by_pod.setdefault(name, []).append(f"{r.check} want {r.expected} got {r.actual}")
+    if not by_pod:
+        return "release matches its maps"
+    text = "placement wrong: " + "; ".join(f"{pod}: {', '.join(w)}" for pod, w in sorted(by_pod.items()))
+    raw = text.encode()
+    return (
+        text
+        if len(raw) <= TERMINATION_MESSAGE_LIMIT
+        else raw[: TERMINATION_MESSAGE_LIMIT - 3].decode(errors="ignore") + "..."
+    )
+
+
+def _write_termination_message(path: str | None, text: str) -> None:
+    """Write ``text`` into ``path`` if that file exists (in a pod the kubelet creates
+    /dev/termination-log; elsewhere nothing is created)."""
+    if not path or not os.path.isfile(path):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:  # a read-only or missing path must not change the verdict
+        log.warning("cannot write the termination message", extra={"path": path, "error": str(err)})
+
+
 def cmd_verify_release(args: argparse.Namespace) -> int:
     from kubernetes.client import AppsV1Api, CoreV1Api
 
@@ -291,6 +328,7 @@ def cmd_verify_release(args: argparse.Namespace) -> int:
     if rows:
         _print_rows(rows)
     ok = passed(results)
+    _write_termination_message(getattr(args, "termination_message_path", None), failure_summary(results))
     log.log(
         logging.INFO if ok else logging.ERROR,
         "release matches its maps" if ok else "release does NOT match its maps",

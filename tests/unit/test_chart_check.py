@@ -202,11 +202,43 @@ def test_verify_release_helm_test() -> None:
         NS,
         "--selector",
         f"app.kubernetes.io/name=gpu-scheduler-check,app.kubernetes.io/instance={REL}",
+        "--timeout",
+        "120",
+        "--termination-message-path",
+        "/dev/termination-log",
     ]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # RBAC objects are created before the pod.
     weights = {d["kind"]: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", 0)) for d in hooks}
     assert weights["Pod"] > max(weights["ServiceAccount"], weights["Role"], weights["RoleBinding"])
     assert not find(render(CHART, set_args=["tests.enabled=false"]), "Pod")
+
+
+def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() -> None:
+    """Argo CD runs the same pod (and its RBAC) as a Sync hook in wave 0: a PostSync hook, or
+    a hook in another wave (Argo CD reads helm.sh/hook-weight as the wave), would wait for
+    every resource to be Healthy, which a misplaced replica never is."""
+    hooks = [d for d in render(CHART) if is_hook(d)]
+    assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+    for d in hooks:
+        ann = d["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "test", d["kind"]
+        assert ann["argocd.argoproj.io/hook"] == "Sync", d["kind"]
+        assert ann["argocd.argoproj.io/sync-wave"] == "0", d["kind"]
+        assert ann["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation,HookSucceeded"
+    # Nothing else in the chart carries a wave: the sync is one step.
+    assert not [
+        d
+        for d in render(CHART)
+        if not is_hook(d) and "argocd.argoproj.io/sync-wave" in (d["metadata"].get("annotations") or {})
+    ]
+    off = [d for d in render(CHART, set_args=["tests.argocdHook=false"]) if is_hook(d)]
+    assert off and not [
+        d for d in off if any(k.startswith("argocd.argoproj.io/") for k in d["metadata"]["annotations"])
+    ]
+    (pod,) = find(render(CHART, set_args=["tests.timeoutSeconds=15"]), "Pod")
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--timeout") + 1] == "15"
 
 
 def test_long_release_names_fit_pod_names() -> None:

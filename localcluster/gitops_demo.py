@@ -1,0 +1,468 @@
+"""``make gitops-demo``: argocd/ synced by a real Argo CD, certificates by a real cert-manager.
+
+The control plane (with its Service network), cert-manager and Argo CD start as host
+processes; this checkout is committed into a local bare repository; argocd/ is
+applied with only the repository URL rewritten (the cluster Secret's annotation, and
+the AppProject allow-list entry that must equal it). The scheduler and webhook pods
+the chart deploys are kwok pods that run nothing, so the real scheduler and webhook
+run as host processes with the ServiceAccounts (and the webhook with the certificate)
+Argo CD and cert-manager created. Prints a timeline and the check chart's placement.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster.cluster import REPO, Cluster, free_port
+from localcluster.gitops import argocd_manifest, bare_repository, start_argocd, start_cert_manager
+from localcluster.procs import ManagedProcess
+from localcluster.release import release_service_account
+from localcluster.scheduler_host import run_scheduler
+from localcluster.webhook_host import HOST, webhook_command
+
+SYSTEM_NS, CHECK_NS = "gpu-scheduler-system", "gpu-scheduler-tests"
+RELEASE = "gpu-scheduler"
+APPS = ("gpu-scheduler-in-cluster", "gpu-scheduler-check-in-cluster")
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+def get(cluster: Cluster, *args: str) -> dict[str, Any]:
+    res = cluster.kubectl("get", *args, "-o", "json", check=False)
+    return yaml.safe_load(res.stdout) if res.returncode == 0 else {}
+
+
+def apply_argocd(cluster: Cluster, repo_url: str, *files: str) -> None:
+    for name in files:
+        cluster.apply(argocd_manifest(name, repo_url))
+
+
+HOOK_ANNOTATION = "argocd.argoproj.io/hook"
+# What a kubelet keeps of a container's log as its termination message
+# (terminationMessagePolicy: FallbackToLogsOnError): the last 80 lines, at most 2048 bytes.
+FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
+
+
+@dataclass
+class HookRun:
+    """An Argo CD hook pod's command, running on the host (kwok runs no containers)."""
+
+    pod: dict[str, Any]
+    proc: subprocess.Popen[bytes]
+    log: Path
+    message_file: Path | None
+    started: str
+
+
+@dataclass
+class HostComponents:
+    """The scheduler and the webhook as host processes, started once their identities exist;
+    and every Argo CD hook pod's command, run on the host with the pod's ServiceAccount, its
+    outcome written into the pod's status as a kubelet would."""
+
+    cluster: Cluster
+    procs: list[ManagedProcess] = field(default_factory=list)
+    scheduler: ManagedProcess | None = None
+    webhook: ManagedProcess | None = None
+    notes: list[str] = field(default_factory=list)
+    hooks: dict[str, HookRun] = field(default_factory=dict)
+    hooks_done: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop the host scheduler and webhook (their identities are about to go)."""
+        for name, proc in (("gpu-scheduler", self.scheduler), ("gpu-scheduler-webhook", self.webhook)):
+            if proc is not None:
+                self.cluster.procs.pop(name, None)
+                proc.stop()
+        self.scheduler = self.webhook = None
+
+    def run_hooks(self) -> None:
+        c = self.cluster
+        for uid, run in list(self.hooks.items()):
+            if run.proc.poll() is None:
+                continue
+            del self.hooks[uid]
+            self._finish(run)
+        res = c.kubectl("get", "pods", "-A", "-o", "json", check=False)
+        if res.returncode != 0:
+            return
+        for pod in json.loads(res.stdout).get("items", []):
+            meta = pod["metadata"]
+            uid = meta["uid"]
+            if (
+                HOOK_ANNOTATION not in (meta.get("annotations") or {})
+                or uid in self.hooks
+                or uid in self.hooks_done
+                or pod.get("status", {}).get("phase") != "Running"
+                or meta.get("deletionTimestamp")
+            ):
+                continue
+            self.hooks[uid] = self._start(pod)
+
+    def _start(self, pod: dict[str, Any]) -> HookRun:
+        c = self.cluster
+        meta, spec = pod["metadata"], pod["spec"]
+        (container,) = spec["containers"]
+        work = c.workdir / "hooks" / f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}"
+        work.mkdir(parents=True, exist_ok=True)
+        argv = [*container["command"], *(container.get("args") or [])]
+        exe = Path(sys.executable).parent / argv[0]
+        if exe.exists():
+            argv[0] = str(exe)
+        message_file = None
+        path = container.get("terminationMessagePath", "/dev/termination-log")
+        if path in argv:  # the file the kubelet creates: a file here
+            message_file = work / "termination-log"
+            message_file.write_text("")
+            argv[argv.index(path)] = str(message_file)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBECONFIG")}
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = str(e["value"])
+            elif (e.get("valueFrom") or {}).get("fieldRef"):
+                field_path = e["valueFrom"]["fieldRef"]["fieldPath"]
+                env[e["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"]}[
+                    field_path
+                ]
+        env["KUBECONFIG"] = str(
+            c.service_account_kubeconfig(
+                meta["namespace"],
+                spec.get("serviceAccountName", "default"),
+                path=work / "kubeconfig",
+            )
+        )
+        log = work / "output.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return HookRun(pod, proc, log, message_file, _now())
+
+    def _finish(self, run: HookRun) -> None:
+        meta = run.pod["metadata"]
+        (container,) = run.pod["spec"]["containers"]
+        code = run.proc.returncode
+        message = run.message_file.read_text() if run.message_file else ""
+        if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = "\n".join(run.log.read_text(errors="replace").splitlines()[-FALLBACK_LINES:])
+            message = tail.encode()[-FALLBACK_BYTES:].decode(errors="ignore")
+        phase = "Succeeded" if code == 0 else "Failed"
+        terminated = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started,
+            "finishedAt": _now(),
+        }
+        if message:
+            terminated["message"] = message
+        status = {
+            "phase": phase,
+            "conditions": [
+                {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": _now()}
+                for t in ("Ready", "ContainersReady")
+            ],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+        self.cluster.kubectl(
+            "patch",
+            "pod",
+            meta["name"],
+            "-n",
+            meta["namespace"],
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": status}),
+            check=False,
+        )
+        self.hooks_done[meta["uid"]] = (f"{meta['namespace']}/{meta['name']}", code, message)
+        self.notes.append(
+            f"Argo CD hook pod {meta['namespace']}/{meta['name']}: its command ran on the host as "
+            f"ServiceAccount {run.pod['spec'].get('serviceAccountName', 'default')}, exit {code}"
+            + (f": {message.strip()[:200]}" if message.strip() else "")
+        )
+
+    def poll(self) -> None:
+        self.run_hooks()
+        c = self.cluster
+        if self.scheduler is None:
+            sas = get(c, "serviceaccount", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}")
+            roles = get(c, "roles", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}")
+            names = {
+                s["metadata"]["labels"].get("app.kubernetes.io/component"): s["metadata"]["name"]
+                for s in sas.get("items", [])
+            }
+            lease = next(
+                (
+                    r["resourceNames"][0]
+                    for role in roles.get("items", [])
+                    for r in role.get("rules") or []
+                    if "leases" in r.get("resources", []) and r.get("resourceNames")
+                ),
+                None,
+            )
+            if "scheduler" in names and lease:
+                kc = c.service_account_kubeconfig(SYSTEM_NS, names["scheduler"])
+                self.scheduler = run_scheduler(
+                    kc,
+                    env={
+                        "GPU_SCHEDULER_LEASE_NAME": lease,
+                        "GPU_SCHEDULER_LEASE_NAMESPACE": SYSTEM_NS,
+                        "POD_NAMESPACE": SYSTEM_NS,
+                    },
+                    log_path=c.workdir / "logs" / "gpu-scheduler.log",
+                )
+                c.adopt("gpu-scheduler", self.scheduler)
+                self.notes.append(
+                    f"scheduler: host process as ServiceAccount {SYSTEM_NS}/{names['scheduler']}"
+                )
+        if self.webhook is None:
+            certs = get(c, "certificates.cert-manager.io", "-n", SYSTEM_NS)
+            serving = [x for x in certs.get("items", []) if not x["spec"].get("isCA")]
+            svc = get(c, "services", "-n", SYSTEM_NS, "-l", "app.kubernetes.io/component=webhook")
+            if not serving or not svc.get("items"):
+                return
+            secret = get(c, "secret", serving[0]["spec"]["secretName"], "-n", SYSTEM_NS)
+            if not secret.get("data", {}).get("tls.crt"):
+                return
+            try:
+                sa = release_service_account(c, RELEASE, SYSTEM_NS, "webhook")
+            except RuntimeError:
+                return
+            certdir = c.workdir / "webhook-certs"
+            certdir.mkdir(exist_ok=True)
+            for key in ("tls.crt", "tls.key", "ca.crt"):
+                (certdir / key).write_bytes(base64.b64decode(secret["data"][key]))
+            (certdir / "tls.key").chmod(0o600)
+            port = free_port()
+            kc = c.service_account_kubeconfig(SYSTEM_NS, sa)
+            env = {
+                **os.environ,
+                "KUBECONFIG": str(kc),
+                "WEBHOOK_TLS_CERT_FILE": str(certdir / "tls.crt"),
+                "WEBHOOK_TLS_KEY_FILE": str(certdir / "tls.key"),
+                "WEBHOOK_PORT": str(port),
+            }
+            proc = ManagedProcess(
+                "gpu-scheduler-webhook",
+                [webhook_command(), "--host", HOST, "--port", str(port), "--workers", "1"],
+                env=env,
+                log_path=c.workdir / "logs" / "gpu-scheduler-webhook.log",
+            ).start()
+            c.adopt("gpu-scheduler-webhook", proc)
+            # cert-manager's certificate names the Service, not 127.0.0.1: skip the name check here only.
+            proc.wait_http(f"https://{HOST}:{port}/readyz", timeout=60, insecure=True)
+            name = svc["items"][0]["metadata"]["name"]
+            c.register_service(SYSTEM_NS, name, 443, port)
+            self.webhook = proc
+            self.notes.append(
+                f"webhook: host process as ServiceAccount {SYSTEM_NS}/{sa}, serving cert-manager's "
+                f"certificate (Secret {serving[0]['spec']['secretName']}), Service {name} routed to it"
+            )
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.wall0 = datetime.now(UTC)
+        self.events: list[tuple[float, str]] = []
+        self.seen: set[str] = set()
+
+    def mark(self, key: str, text: str, at: datetime | None = None) -> None:
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        offset = (at - self.wall0).total_seconds() if at else time.monotonic() - self.t0
+        self.events.append((offset, text))
+        say(f"+{offset:6.1f}s  {text}")
+
+    def text(self) -> str:
+        return "\n".join(f"+{t:6.1f}s  {e}" for t, e in sorted(self.events))
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ts(s: str | None) -> datetime | None:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")) if s else None
+
+
+def observe(cluster: Cluster, tl: Timeline, apps: tuple[str, ...]) -> bool:
+    """Record what happened since the last poll; True when every app is Synced and Healthy."""
+    done = True
+    for app in apps:
+        a = get(cluster, "applications.argoproj.io", app, "-n", "argocd")
+        st = a.get("status", {})
+        op = st.get("operationState") or {}
+        if op.get("startedAt"):
+            tl.mark(f"{app}/start", f"{app}: sync started", _ts(op["startedAt"]))
+        if op.get("phase") in ("Failed", "Error"):
+            tl.mark(f"{app}/failed", f"{app}: sync {op['phase']}: {op.get('message', '')}")
+        if op.get("phase") == "Succeeded" and op.get("finishedAt"):
+            tl.mark(f"{app}/finished", f"{app}: sync finished (Succeeded)", _ts(op["finishedAt"]))
+        for res in (op.get("syncResult") or {}).get("resources") or []:
+            if res.get("hookType") and res.get("hookPhase") in ("Succeeded", "Failed", "Error"):
+                tl.mark(
+                    f"{app}/hook/{res['kind']}/{res['name']}",
+                    f"{app}: {res['hookType']} hook {res['kind']} {res['name']} {res['hookPhase']}"
+                    + (f": {res['message']}" if res["kind"] == "Pod" and res.get("message") else ""),
+                )
+        sync = st.get("sync", {}).get("status")
+        health = st.get("health", {}).get("status")
+        if sync == "Synced":
+            tl.mark(f"{app}/synced", f"{app}: Synced")
+        if health == "Healthy":
+            tl.mark(f"{app}/healthy", f"{app}: Healthy")
+        # Synced and Healthy say nothing of hooks: the sync operation itself must be over.
+        done = done and sync == "Synced" and health == "Healthy" and op.get("phase") == "Succeeded"
+    for cert in get(cluster, "certificates.cert-manager.io", "-A").get("items", []):
+        for cond in cert.get("status", {}).get("conditions", []):
+            if cond["type"] == "Ready" and cond["status"] == "True":
+                m = cert["metadata"]
+                tl.mark(
+                    f"cert/{m['namespace']}/{m['name']}",
+                    f"certificate {m['namespace']}/{m['name']} issued by cert-manager",
+                    _ts(cond.get("lastTransitionTime")),
+                )
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        for w in get(cluster, kind, "-l", f"app.kubernetes.io/instance={RELEASE}").get("items", []):
+            if all(h.get("clientConfig", {}).get("caBundle") for h in w.get("webhooks", [])):
+                tl.mark(
+                    f"ca/{kind}/{w['metadata']['name']}",
+                    f"caBundle of {kind[:-1]} {w['metadata']['name']} filled by cainjector",
+                )
+    return done
+
+
+def placement_table(cluster: Cluster) -> tuple[str, bool]:
+    from gpu_scheduling.injection import format_devices, held_devices
+    from gpu_scheduling.podinfo import entry_for
+
+    pods = get(cluster, "pods", "-n", CHECK_NS, "-l", "app.kubernetes.io/name=gpu-scheduler-check").get(
+        "items", []
+    )
+    # Not the verification hook pod: it carries the chart's labels too.
+    pods = [p for p in pods if HOOK_ANNOTATION not in (p["metadata"].get("annotations") or {})]
+    rows = [("ORDINAL", "POD", "NODE", "GPUS", "CUDA_VISIBLE_DEVICES", "PHASE", "MAP SAYS", "MATCH")]
+    good = bool(pods)
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        ordinal, entry = entry_for(pod["metadata"])
+        env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env") or []}
+        node = pod["spec"].get("nodeName") or "-"
+        cuda = env.get("CUDA_VISIBLE_DEVICES") or "-"
+        ok = (
+            entry is not None
+            and node == entry.node
+            and cuda == entry.devices
+            and pod["status"].get("phase") == "Running"
+        )
+        good = good and ok
+        rows.append(
+            (
+                str(ordinal),
+                pod["metadata"]["name"],
+                node,
+                format_devices(held_devices(pod.get("spec"))) if node != "-" else "-",
+                cuda,
+                pod["status"].get("phase", "?"),
+                str(entry) if entry else "(no entry)",
+                "yes" if ok else "NO",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ), good
+
+
+def run(workdir: Path | None = None, timeout: float = 300) -> int:
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="gpu-scheduler-gitops-"))
+    started = time.monotonic()
+    say(
+        "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, kwok, Service proxy)"
+    )
+    cluster = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, service_network=True)
+    try:
+        say("starting cert-manager (controller, cainjector, webhook) as host processes")
+        start_cert_manager(cluster)
+        say(
+            "starting Argo CD (miniredis, repo-server, application-controller, applicationset-controller "
+            "with --enable-progressive-syncs) as host processes"
+        )
+        start_argocd(cluster)
+        repo_url = bare_repository(workdir / "git" / "gpu-scheduler.git", REPO)
+        say(f"this checkout committed into {repo_url} (branch main)")
+        say(f"applying argocd/ with gpu-scheduler.io/repo-url={repo_url} (nothing else changed)")
+        tl = Timeline()
+        apply_argocd(
+            cluster,
+            repo_url,
+            "gpu-scheduler-project.yaml",
+            "local-cluster-secret.yaml",
+            "gpu-scheduler-complete-applicationset.yaml",
+        )
+        hosts = HostComponents(cluster)
+        deadline = time.monotonic() + timeout
+        done = False
+        while time.monotonic() < deadline:
+            hosts.poll()
+            if observe(cluster, tl, APPS) and hosts.webhook and hosts.scheduler:
+                done = True
+                break
+            time.sleep(0.5)
+        print("\nTimeline (seconds after argocd/ was applied):")
+        print(tl.text())
+        print(
+            "\nThe chart's scheduler, webhook and hook pods are kwok pods that run nothing; the real "
+            "programs ran as host processes:"
+        )
+        for note in hosts.notes:
+            print(f"  - {note}")
+        table, good = placement_table(cluster)
+        print("\nPlacement of the check chart's StatefulSet (gpu-scheduler-tests):")
+        print(table)
+        print(f"\ngitops-demo took {time.monotonic() - started:.0f}s")
+        if not (done and good):
+            say(f"NOT done: Applications not Synced+Healthy or placement wrong; logs in {workdir / 'logs'}")
+            with contextlib.suppress(Exception):
+                print(cluster.kubectl("get", "applications.argoproj.io", "-n", "argocd", "-o", "wide").stdout)
+            return 1
+        say("both Applications Synced and Healthy, in order; every replica on its mapped node with its GPUs")
+        return 0
+    finally:
+        cluster.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(workdir)
+
+
+def main() -> None:
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()
