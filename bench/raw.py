@@ -7,6 +7,7 @@ pool with the admin client certificate and never builds model objects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -181,7 +182,10 @@ class PodWatch:
             # Shut the socket down first: that wakes the watch thread blocked in a read (closing
             # the response from this thread would wait for that read). Then close the
             # connection and give its (closed) slot back to the pool.
-            self._resp.shutdown()
+            # The watch may have ended and closed its socket already (its stream timed out or the
+            # server closed it): then there is nothing to wake.
+            with contextlib.suppress(OSError):
+                self._resp.shutdown()
             self._thread.join(timeout=10)
             self._resp.close()
             self._resp.release_conn()
