@@ -226,7 +226,7 @@ def memory_table(results: Results, scale: Scale) -> str:
         per_pod = (value - mem["scheduler_idle"]) * 1024 / pods
         text += (
             f"\n\nPer own pod: ({value:.1f} - {mem['scheduler_idle']:.1f}) MiB / {pods} = **{per_pod:.1f} KiB**"
-            " (the watch cache holds each pod's whole object, map annotation included)."
+            " (the watch cache holds each pod's object, managedFields dropped; the map text is one copy shared by every pod that carries it)."
         )
     if scale.name != "full":
         text += f"\n\nAt this scale the largest own-pod count is {own[-1][0] if own else 0}, not 3,000 (`BENCH_SCALE=full`)."
