@@ -173,6 +173,10 @@ def test_check_chart_scenario_installs(
         namespace,
         "--selector",
         f"app.kubernetes.io/name=gpu-scheduler-check,app.kubernetes.io/instance={release}",
+        "--timeout",
+        str(values.get("tests", {}).get("timeoutSeconds", 120)),
+        "--termination-message-path",
+        "/dev/termination-log",
     ]
 
 
