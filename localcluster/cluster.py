@@ -251,6 +251,13 @@ class Cluster:
                 f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
                 "--listen-metrics-urls=",
                 "--unsafe-no-fsync=true",
+                # `make bench BENCH_SCALE=full` creates and deletes thousands of 20-60 KB pods
+                # within minutes: etcd's default 2 GiB quota ("mvcc: database space exceeded")
+                # is reached before the apiserver's next compaction. Compact every minute and
+                # allow 8 GiB (a sparse file: only what is written takes disk).
+                "--quota-backend-bytes=8589934592",
+                "--auto-compaction-mode=periodic",
+                "--auto-compaction-retention=1m",
                 "--log-level=warn",
             ],
         ).wait_http(f"http://127.0.0.1:{etcd_client}/health", timeout=timeout)
