@@ -392,7 +392,7 @@ A/C is shown too, but A's clock includes the creation of its pods and C's does n
 
 {correctness}
 
-![throughput and latency per arm and scale](benchmarks.png)
+![throughput and latency per arm and scale]({png.name})
 
 ## Bind arms
 
