@@ -28,6 +28,7 @@ from localcluster.procs import ManagedProcess
 from localcluster.scheduler_host import run_scheduler
 from tests.integration.fixtures_scheduler import LEASE_NAME, SCHEDULER_SA, metric, statefulset
 from tests.support.charts import one
+from tests.support.kubeapi import failed_scheduling as _failed_scheduling
 from tests.support.kubeapi import pod_events, read_pod
 from tests.support.rbac import chart_identity, render_chart
 from tests.support.waiting import wait_for
@@ -48,13 +49,6 @@ def _running_on(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
     pod = read_pod(kube, ns, name)
     if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running":
         return pod
-    return None
-
-
-def _failed_scheduling(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | None:
-    for ev in pod_events(kube, ns, pod, "FailedScheduling"):
-        if all(w in (ev.get("message") or "") for w in words):
-            return ev
     return None
 
 

@@ -20,6 +20,7 @@ from kubernetes import client
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
+from tests.support.kubeapi import failed_scheduling as _event_with
 from tests.support.kubeapi import pod_events, read_pod
 
 # A first retry far in the future: a pod that binds quickly after its cause went
@@ -32,13 +33,6 @@ def _running_on(kube: Any, ns: str, name: str) -> dict[str, Any] | None:
     pod = read_pod(kube, ns, name)
     if pod and pod["spec"].get("nodeName") and pod["status"].get("phase") == "Running":
         return pod
-    return None
-
-
-def _event_with(kube: Any, ns: str, pod: str, *words: str) -> dict[str, Any] | None:
-    for ev in pod_events(kube, ns, pod, "FailedScheduling"):
-        if all(w in (ev.get("message") or "") for w in words):
-            return ev
     return None
 
 

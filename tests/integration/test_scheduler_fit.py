@@ -23,7 +23,7 @@ import pytest
 from localcluster.cluster import KUBELET_REFUSES_ANNOTATION, Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import metric, statefulset, wait_for
-from tests.support.kubeapi import pod_events, read_pod
+from tests.support.kubeapi import failed_scheduling, pod_events, read_pod
 
 pytestmark = pytest.mark.cluster
 
@@ -74,13 +74,6 @@ def mapped(
     sts["spec"]["template"]["spec"]["containers"][0].update(container)
     sts["spec"]["template"]["metadata"]["annotations"].update(annotations or {})
     return sts
-
-
-def failed_scheduling(kube: Any, namespace: str, pod: str, *words: str) -> dict[str, Any] | None:
-    for ev in pod_events(kube, namespace, pod, "FailedScheduling"):
-        if all(w in (ev.get("message") or "") for w in words):
-            return ev
-    return None
 
 
 def node_of(kube: Any, namespace: str, pod: str) -> str | None:

@@ -28,3 +28,11 @@ def pod_events(kube: Any, namespace: str, pod: str, reason: str | None = None) -
         namespace, field_selector=selector, _preload_content=False
     )
     return list(json.loads(resp.data)["items"])
+
+
+def failed_scheduling(kube: Any, namespace: str, pod: str, *words: str) -> dict[str, Any] | None:
+    """The pod's first FailedScheduling Event whose message contains every one of ``words``."""
+    for ev in pod_events(kube, namespace, pod, "FailedScheduling"):
+        if all(w in (ev.get("message") or "") for w in words):
+            return ev
+    return None
