@@ -48,7 +48,7 @@ from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import TIMEOUT, BindOutcome, truncate_message
 from scheduler.core import Scheduler
 from scheduler.ledger import Claim
-from scheduler.server import Probes
+from scheduler.server import Probes, ServingThread
 
 log = logging.getLogger("gpu_scheduler.extender")
 
@@ -360,28 +360,14 @@ class _Server(ThreadingHTTPServer):
         log.debug("extender connection failed", extra={"client": client_address[0]})
 
 
-class ExtenderServer:
+class ExtenderServer(ServingThread):
     """``POST /filter`` and ``POST /bind`` over HTTPS."""
 
+    name = "extender"
+    serves = "the extender: POST /filter, POST /bind (HTTPS)"
+
     def __init__(self, address: str, port: int, extender: Extender, ctx: ssl.SSLContext) -> None:
-        self._server = _Server((address, port), _handler(extender), ctx)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="extender", daemon=True)
-        self._thread.start()
-        log.info("serving the extender: POST /filter, POST /bind (HTTPS)", extra={"port": self.port})
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(_Server((address, port), _handler(extender), ctx))
 
 
 def _handler(extender: Extender) -> type[BaseHTTPRequestHandler]:

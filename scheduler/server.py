@@ -44,25 +44,38 @@ class Probes:
         self.metrics = metrics
 
 
-class HealthServer:
-    def __init__(self, address: str, port: int, probes: Probes) -> None:
-        handler = _handler(probes)
-        self._server = ThreadingHTTPServer((address, port), handler)
-        self._server.daemon_threads = True
+class ServingThread:
+    """A stdlib HTTP server on a daemon thread: ``start``, ``stop``, ``port``, ``alive``."""
+
+    name = "http"
+    serves = "/health, /healthz, /readyz, /metrics"
+
+    def __init__(self, server: ThreadingHTTPServer) -> None:
+        self._server = server
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name=self.name, daemon=True)
         self._thread.start()
-        log.info("serving /health, /healthz, /readyz, /metrics", extra={"port": self.port})
+        log.info("serving %s", self.serves, extra={"port": self.port})
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class HealthServer(ServingThread):
+    def __init__(self, address: str, port: int, probes: Probes) -> None:
+        server = ThreadingHTTPServer((address, port), _handler(probes))
+        server.daemon_threads = True
+        super().__init__(server)
 
 
 def _handler(probes: Probes) -> type[BaseHTTPRequestHandler]:
