@@ -103,6 +103,7 @@ class PodWatch:
     bound: dict[str, float] = field(default_factory=dict)
     node: dict[str, str] = field(default_factory=dict)
     error: BaseException | None = None
+    resumed: int = 0  # times the apiserver ended the watch and it was resumed
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -111,52 +112,76 @@ class PodWatch:
         self._thread = threading.Thread(target=self._run, name=f"watch-{self.namespace}", daemon=True)
 
     def start(self) -> PodWatch:
-        path = (
-            f"/api/v1/namespaces/{self.namespace}/pods?watch=1&allowWatchBookmarks=false&timeoutSeconds=3600"
-        )
         # The apiserver answers the headers once the watch is registered: what follows is seen.
-        self._resp = self.raw.pool.request(
+        self._resp = self._open(None)
+        self._thread.start()
+        return self
+
+    def _open(self, resource_version: str | None) -> Any:
+        path = (
+            f"/api/v1/namespaces/{self.namespace}/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=3600"
+        )
+        if resource_version:
+            path += f"&resourceVersion={resource_version}"
+        resp = self.raw.pool.request(
             "GET",
             self.raw.server + path,
             headers=self.raw.headers,
             preload_content=False,
             timeout=urllib3.Timeout(connect=10, read=None),
         )
-        if self._resp.status != 200:
-            raise ApiError(f"watch pods in {self.namespace}: HTTP {self._resp.status}")
-        self._thread.start()
-        return self
+        if resp.status != 200:
+            raise ApiError(f"watch pods in {self.namespace}: HTTP {resp.status}")
+        return resp
 
     def _run(self) -> None:
+        """Read the watch; when the apiserver ends it (a consumer it finds too slow on saturated
+        cores is closed: "Forcing pods watcher close due to unresponsiveness"), resume from the
+        last resourceVersion seen, so no event is missed."""
+        rv: str | None = None
         try:
-            for line in self._resp:
+            while not self._stop.is_set():
+                try:
+                    for line in self._resp:
+                        if self._stop.is_set():
+                            return
+                        if not line.strip():
+                            continue
+                        rv = self._apply(json.loads(line), time.monotonic()) or rv
+                except (urllib3.exceptions.ProtocolError, OSError):
+                    pass  # the connection went away mid-stream: resume as below
                 if self._stop.is_set():
                     return
-                if not line.strip():
-                    continue
-                now = time.monotonic()
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    raise ApiError(f"watch error: {event.get('object')}")
-                obj = event.get("object") or {}
-                name = (obj.get("metadata") or {}).get("name", "")
-                node = (obj.get("spec") or {}).get("nodeName")
-                fresh = False
-                with self._cond:
-                    if name not in self.seen:
-                        self.seen[name] = now
-                        fresh = True
-                    if node and name not in self.bound:
-                        self.bound[name] = now
-                        self.node[name] = node
-                    self._cond.notify_all()
-                if fresh and self.on_added is not None:
-                    self.on_added(name, obj)
+                self.resumed += 1
+                self._resp.release_conn()
+                self._resp = self._open(rv)
         except BaseException as exc:
             if not self._stop.is_set():
                 self.error = exc
                 with self._cond:
                     self._cond.notify_all()
+
+    def _apply(self, event: dict[str, Any], now: float) -> str | None:
+        if event.get("type") == "ERROR":
+            raise ApiError(f"watch error: {event.get('object')}")
+        obj = event.get("object") or {}
+        meta = obj.get("metadata") or {}
+        if event.get("type") == "BOOKMARK":
+            return meta.get("resourceVersion")
+        name = meta.get("name", "")
+        node = (obj.get("spec") or {}).get("nodeName")
+        fresh = False
+        with self._cond:
+            if name not in self.seen:
+                self.seen[name] = now
+                fresh = True
+            if node and name not in self.bound:
+                self.bound[name] = now
+                self.node[name] = node
+            self._cond.notify_all()
+        if fresh and self.on_added is not None:
+            self.on_added(name, obj)
+        return meta.get("resourceVersion")
 
     def wait_bound(self, count: int, timeout: float) -> bool:
         return self._wait(lambda: len(self.bound) >= count, timeout)
@@ -184,7 +209,7 @@ class PodWatch:
             # connection and give its (closed) slot back to the pool.
             # The watch may have ended and closed its socket already (its stream timed out or the
             # server closed it): then there is nothing to wake.
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 self._resp.shutdown()
             self._thread.join(timeout=10)
             self._resp.close()

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from bench.arms import ARMS
+from bench.raw import PodWatch, Raw
 from bench.runner import SCALES
+from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -71,3 +73,45 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The ratios table is printed at the end of the run.
     assert "throughput A/C" in res.stdout
+
+
+def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Cluster) -> None:
+    """On saturated cores the apiserver closes watchers it finds too slow ("Forcing pods
+    watcher close due to unresponsiveness"); the harness's watch must resume from the last
+    resourceVersion, or a run waits for pods it will never see bound."""
+    raw = Raw(cluster.kubeconfig)
+    ns = "bench-watch-resume"
+    raw.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    watch = PodWatch(raw, ns).start()
+    try:
+
+        def pod(name: str) -> dict[str, object]:
+            return {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]},
+            }
+
+        raw.post(f"/api/v1/namespaces/{ns}/pods", pod("before"))
+        assert watch.wait_seen(1, 30)
+        # The server side of the stream goes away, as when the apiserver drops the watcher.
+        watch._resp.shutdown()
+        raw.post(f"/api/v1/namespaces/{ns}/pods", pod("after"))
+        raw.post(f"/api/v1/namespaces/{ns}/pods/after/binding", binding("after", "node1"))
+        assert watch.wait_bound(1, 30), (watch.seen, watch.bound, watch.error)
+        assert set(watch.seen) == {"before", "after"} and set(watch.bound) == {"after"}
+        assert watch.resumed >= 1 and watch.error is None
+    finally:
+        watch.stop()
+        raw.delete(f"/api/v1/namespaces/{ns}")
+        raw.close()
+
+
+def binding(name: str, node: str) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
