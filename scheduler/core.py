@@ -151,6 +151,10 @@ def recreate_slot(pod: Mapping[str, Any], ordinal: int | None) -> str | None:
     return f"{Pod(pod).namespace}/{owner['uid']}/{ordinal}"
 
 
+# A Binding within this many seconds means a burst is still going on (see Scheduler.placing).
+BURST_GAP_S = 1.0
+
+
 class Scheduler:
     def __init__(self, settings: Settings, api_client: Any) -> None:
         self.settings = settings
@@ -161,12 +165,13 @@ class Scheduler:
         self.queue = WorkQueue()
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self.writer = PodWriter(core, field_manager=settings.scheduler_name)
+        self._last_bind = float("-inf")  # time.monotonic() of the latest Binding
         self.events = EventRecorder(
             client.EventsV1Api(api_client),
             controller=settings.scheduler_name,
             instance=f"{settings.scheduler_name}-{settings.identity}",
             # Scheduled Events wait while pods are being placed: Bindings first.
-            busy=self.queue.busy,
+            busy=self.placing,
         )
         self.pods = Informer(
             "pods",
@@ -499,6 +504,13 @@ class Scheduler:
         refusal_finding = kubelet_refused(entry, refusal.reason, refusal.message, age)
         return Decision(decision.ordinal, entry, (refusal_finding,), decision.warnings)
 
+    def placing(self) -> bool:
+        """Pods are being placed: some wait in the queue or are in hand, or one was bound within
+        the last ``BURST_GAP_S``. The second half matters when pods arrive one by one (a
+        StatefulSet, a Job's burst): the queue then empties between them, yet it is a burst,
+        and each Scheduled Event sent during it costs the apiserver about what a Binding does."""
+        return self.queue.busy() or time.monotonic() - self._last_bind < BURST_GAP_S
+
     def _bound(
         self, pod: Mapping[str, Any], decision: Decision, first_seen: float | None, already: bool
     ) -> None:
@@ -508,8 +520,10 @@ class Scheduler:
         slot = recreate_slot(pod, entry.ordinal)
         if slot is not None:
             self.recreate_backoff.forget(slot)
-        latency = time.monotonic() - first_seen if first_seen is not None else None
+        now = time.monotonic()
+        latency = now - first_seen if first_seen is not None else None
         if not already:
+            self._last_bind = now
             self.metrics.pods_bound.inc()
             if latency is not None:
                 self.metrics.bind_latency.observe(latency)

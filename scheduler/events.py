@@ -10,7 +10,8 @@ Event's ``series`` (which also keeps the Event from expiring). A new reason or
 a new message makes a new Event.
 
 Warnings go first. Normal Events (``Scheduled``) are deferred while the
-scheduler has pods to place (``busy``), for at most ``defer_max`` seconds each:
+scheduler is placing pods (``busy``: pods queued or in hand, or a Binding within
+the last second, see ``Scheduler.placing``), for at most ``defer_max`` seconds each:
 on a shared apiserver an Event costs about what a Binding costs, so during a
 burst the Bindings go first and the Events follow (kube-scheduler's events are
 asynchronous and best-effort too). Nothing is dropped unless ``capacity`` Events

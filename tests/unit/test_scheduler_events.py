@@ -134,3 +134,36 @@ def test_warnings_go_first_and_normal_events_wait_while_busy_up_to_the_limit() -
     waited.clear()
     third = rec._next()
     assert third is not None and waited == []  # not busy: at once
+
+
+def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any) -> None:
+    """The Scheduler's ``placing`` (what defers Scheduled Events): true while keys wait, and for
+    BURST_GAP_S after a Binding, so pods that arrive one at a time (the queue empty between
+    them) still put their Bindings before the Events."""
+    from kubernetes import client
+
+    from gpu_scheduling.rules import Decision
+    from gpu_scheduling.schedmap import Entry
+    from scheduler import core
+    from scheduler.settings import Settings
+
+    clock = Clock()
+    clock.now = 500.0
+    monkeypatch.setattr(core.time, "monotonic", clock)
+    sched = core.Scheduler(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
+    assert sched.events.busy is not None and not sched.events.busy()
+    sched.queue.add("ns/w-1")
+    assert sched.placing()
+    assert sched.queue.get(timeout=0) == "ns/w-1"
+    sched.queue.done("ns/w-1")
+    assert not sched.placing()
+
+    sched._bound(pod(), Decision(0, Entry(0, "node1", (0,))), first_seen=499.0, already=False)
+    assert sched.events.busy()  # the recorder asks the same question
+    clock.now += core.BURST_GAP_S * 0.9
+    assert sched.placing()
+    clock.now += core.BURST_GAP_S * 0.2
+    assert not sched.placing()
+    # A pod found already bound (a restart, a relist) is not a burst.
+    sched._bound(pod("u2", "w-1"), Decision(1, Entry(1, "node1", (1,))), first_seen=None, already=True)
+    assert not sched.placing()
