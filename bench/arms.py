@@ -54,6 +54,8 @@ class Run:
     problems: list[str] = field(default_factory=list)
     # CPU seconds each process spent during the timed part (component -> s).
     cpu: dict[str, float] = field(default_factory=dict)
+    # Times the apiserver ended the harness's pod watch during the run (resumed each time).
+    watch_resumed: int = 0
 
     @property
     def correct(self) -> bool:
@@ -212,6 +214,7 @@ def run_bind_arm(
         percentile(latencies, 99),
     )
     run.cpu = cpu_used
+    run.watch_resumed = watch.resumed
     run.problems = check_placement(raw, namespace, pods)
     return run
 

@@ -364,6 +364,14 @@ def write_doc(results: Results, scale: Scale, doc: Path, png: Path) -> None:
         else "**Correctness failures:** "
         + "; ".join(f"{r.arm} {r.plan} rep {r.rep}: {r.problems[0]}" for r in wrong)
     )
+    resumed = sum(r.watch_resumed for r in results.runs)
+    if resumed:
+        correctness += (
+            f" The apiserver ended the harness's pod watch {resumed} time(s) during the runs"
+            ' ("Forcing pods watcher close due to unresponsiveness": a consumer too slow for its'
+            " buffer on these saturated cores); each time it was resumed from the last"
+            " resourceVersion, so no event was missed."
+        )
     text = f"""# Benchmarks
 
 Written by `make bench` ({results.started}); do not edit by hand, run it again.

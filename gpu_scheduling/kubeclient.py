@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -185,9 +186,19 @@ def list_all(
             return items, version
 
 
+def decode(data: bytes | str) -> Any:
+    """JSON from the apiserver (lists, watch events) into plain dicts and lists.
+
+    orjson: the watches carry every pod whole, map annotation included (20 KB with a
+    1,000-entry map), and ``json.loads`` was the scheduler's largest CPU cost under load
+    (docs/benchmarks.md). The API sends nothing orjson refuses (NaN, integers past 64 bits).
+    """
+    return orjson.loads(data)
+
+
 def read_json(resp: Any) -> Any:
     """Body of a ``_preload_content=False`` response as JSON; releases the connection."""
     try:
-        return json.loads(resp.data or b"null")
+        return decode(resp.data or b"null")
     finally:
         resp.release_conn()

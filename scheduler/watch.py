@@ -9,7 +9,6 @@ enqueue; every per-pod decision answers from these caches, never from a LIST.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any, Protocol
 
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpu_scheduling.kubeclient import ApiError, api_error, list_all, short_error, status_kind
+from gpu_scheduling.kubeclient import ApiError, api_error, decode, list_all, short_error, status_kind
 from gpu_scheduling.objects import Meta
 from scheduler.workqueue import Backoff
 
@@ -242,7 +241,7 @@ class _View(Mapping[str, Obj]):
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
     for line in iter_resp_lines(resp):
         if line:
-            yield json.loads(line)
+            yield decode(line)
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:
