@@ -291,6 +291,8 @@ def test_two_replicas_one_leader_binds_each_pod_once_and_the_standby_takes_over(
     assert metric(b, "gpu_scheduler_pods_bound_total") == 0
     assert metric(b, "gpu_scheduler_leader") == 0
     for n in names:
+        # Scheduled Events trail the Bindings of a burst (by a second or so): wait, then count.
+        wait_for(lambda n=n: pod_events(kube, namespace, n, "Scheduled"), 10, what=f"{n}'s Scheduled event")
         assert len(pod_events(kube, namespace, n, "Scheduled")) == 1, n
     assert '"msg":"bound"' not in b.log_text()
 

@@ -209,7 +209,8 @@ def test_a_pod_the_kubelet_refuses_is_not_rebound_in_a_loop(
     assert f"node '{node}' refused the pod at admission (OutOfcpu" in first["message"], first["message"]
     # The StatefulSet controller deletes the failed pod and creates a replacement: it waits.
     assert_waits(kube, namespace, "r-0", "KubeletRefused", f"node '{node}' refused replica 0 at admission")
-    binds = scheduled_events(kube, namespace, "r-0")
+    # The first pod's Scheduled Event trails its Binding (events wait out a burst): wait for it.
+    binds = wait_for(lambda: scheduled_events(kube, namespace, "r-0"), 10, what="the Scheduled event")
     time.sleep(8)  # ~10 retries at the fast backoff: none may bind
     assert node_of(kube, namespace, "r-0") is None
     assert scheduled_events(kube, namespace, "r-0") == binds == 1
