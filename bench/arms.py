@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import urllib3
 
 from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
@@ -88,10 +91,28 @@ def create_namespace(raw: Raw, name: str, labels: dict[str, str] | None = None) 
 
 
 def delete_pods(raw: Raw, namespace: str, timeout: float = 300) -> None:
-    """Delete every pod of ``namespace`` at once (grace 0), wait until none is left, drop the namespace."""
-    raw.delete(f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0")
+    """Delete every pod of ``namespace`` at once (grace 0), wait until none is left, drop the namespace.
+
+    Deleting 3,000 pods of 60 KB each can outlast the apiserver's request timeout (60 s), and
+    the apiserver then drops the connection: the delete is sent again (it is idempotent) until
+    no pod is left.
+    """
+    collection = f"/api/v1/namespaces/{namespace}/pods?gracePeriodSeconds=0"
     deadline = time.monotonic() + timeout
-    while raw.list_items(f"/api/v1/namespaces/{namespace}/pods?limit=1"):
+    sent = float("-inf")
+    while True:
+        if time.monotonic() - sent > 30:
+            sent = time.monotonic()
+            try:
+                raw.delete(collection)
+            except (ApiError, urllib3.exceptions.HTTPError, OSError) as err:
+                print(
+                    f"[bench] deleting the pods of {namespace}: {err}; trying again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if not raw.list_items(f"/api/v1/namespaces/{namespace}/pods?limit=1"):
+            break
         if time.monotonic() > deadline:
             raise ApiError(f"pods of {namespace} still there after {timeout:.0f} s")
         time.sleep(0.5)
