@@ -578,6 +578,8 @@ _WAITING = (
 _THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
+    # orjson is C: its time shows in the Python frame that calls it.
+    ("decode (gpu_scheduling/kubeclient.py", "json (de)serialisation"),
     ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/", "kubernetes client: other"),
