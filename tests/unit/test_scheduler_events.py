@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from scheduler.events import NOTE_LIMIT, EventRecorder, truncate
@@ -149,7 +150,8 @@ def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any)
 
     clock = Clock()
     clock.now = 500.0
-    monkeypatch.setattr(core.time, "monotonic", clock)
+    # Only scheduler.core's clock: the process-wide time.monotonic stays untouched.
+    monkeypatch.setattr(core, "time", SimpleNamespace(monotonic=clock))
     sched = core.Scheduler(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
     assert sched.events.busy is not None and not sched.events.busy()
     sched.queue.add("ns/w-1")
