@@ -186,7 +186,8 @@ class Scheduler:
             "assigned-pods",
             core.list_pod_for_all_namespaces,
             _Handler(self._assigned_changed, self._assigned_updated, self._assigned_deleted),
-            field_selector=ASSIGNED_SELECTOR,
+            # Bound pods of every other scheduler; ours are in the pods informer already.
+            field_selector=f"{ASSIGNED_SELECTOR},spec.schedulerName!={settings.scheduler_name}",
             on_relist=self._relisted,
             transform=compact,
         )
@@ -254,6 +255,9 @@ class Scheduler:
 
     def _pod_changed(self, old: Obj | None, pod: Obj) -> None:
         self._requeue_nodes(self.ledger.observe(pod))
+        # Our own pods' room on their nodes comes from this watch (the assigned-pods watch
+        # leaves them out: each of them, map and all, is decoded once, not twice).
+        self._requeue_nodes(self.usage.observe(Pod(pod).uid, footprint(pod)))
         key = pod_key(pod)
         if is_pending(pod):
             with self._lock:
@@ -268,7 +272,8 @@ class Scheduler:
     def _pod_deleted(self, pod: Obj) -> None:
         self._clear(pod)
         self._requeue_nodes(self.ledger.forget(pod))
-        self.usage.cancel(Pod(pod).uid)  # a reservation whose Binding never showed
+        # Bound or only reserved (a Binding that never showed): it takes no room any more.
+        self._requeue_nodes(self.usage.forget(Pod(pod).uid))
 
     def _assigned_changed(self, pod: Obj) -> None:
         self._requeue_nodes(self.usage.observe(Pod(pod).uid, pod.get("footprint")))

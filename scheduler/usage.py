@@ -1,7 +1,8 @@
 """What the pods on each node take: the index behind the fit checks.
 
-Fed by a watch of every non-terminated, bound pod in the cluster, whoever
-placed it (kube-scheduler, a DaemonSet, a static pod's mirror, us), kept as a
+Fed by a watch of every non-terminated, bound pod in the cluster placed by
+someone else (kube-scheduler, a DaemonSet, a static pod's mirror), and by the
+scheduler's own pod watch for its own pods (each pod decoded once), kept as a
 small :class:`~gpu_scheduling.fit.PodFootprint` per pod rather than the pod,
 so thousands of pods that are not ours cost little memory. A decision sums
 the footprints on one node (at most its pod slots): no LIST per pod.
