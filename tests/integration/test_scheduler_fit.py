@@ -245,3 +245,23 @@ def test_a_pod_with_scheduling_gates_waits_quietly_and_binds_when_they_are_remov
     patch = [{"op": "remove", "path": "/spec/schedulingGates"}]
     cluster.kubectl("patch", "pod", "-n", namespace, "g-0", "--type=json", "-p", json.dumps(patch))
     assert_binds_promptly(kube, namespace, "g-0", node)
+
+
+def test_our_own_bound_pods_take_room_across_a_restart_and_free_it_when_they_go(
+    cluster: Cluster, namespace: str, kube: Any, node: str, start_scheduler: Callable[..., ManagedProcess]
+) -> None:
+    # Our own pods' footprints come from the scheduler's pod watch (the watch of every other
+    # bound pod leaves them out): they must count, after a restart too, and free their room.
+    first = start_scheduler(**SLOW_RETRY)
+    apply(cluster, namespace, mapped("a", node, resources={"requests": {"cpu": "5"}}))
+    assert_binds_promptly(kube, namespace, "a-0", node)
+    first.stop()
+    start_scheduler(**SLOW_RETRY)  # a fresh scheduler: it learns of a-0 from its initial list only
+    sts = mapped("b", node, resources={"requests": {"cpu": "4"}})
+    sts["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] = f"0={node}:1"
+    apply(cluster, namespace, sts)
+    message = assert_waits(kube, namespace, "b-0", "InsufficientResources")
+    assert f"Insufficient cpu: the pod requests 4, node '{node}' has 3 of 8 free" in message, message
+    assert "5 requested by 1 pods there" in message, message
+    cluster.kubectl("scale", "statefulset", "-n", namespace, "a", "--replicas=0")
+    assert_binds_promptly(kube, namespace, "b-0", node)
