@@ -23,10 +23,24 @@ import dataclasses
 import os
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.report import report
 from bench.runner import REPO, SCALES, Bench, Results, log
+
+# Settings that change what a run measures or where it writes: the report's command names them.
+OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR")
+
+
+def exact_command(environ: Mapping[str, str], scale: str, args: Sequence[str]) -> str:
+    """The command to type to run this again: the make target (``BENCH_COMMAND``, set by
+    mk/bench.mk) or ``python -m bench``, after every override in the environment."""
+    base = environ.get("BENCH_COMMAND") or shlex.join(
+        [f"BENCH_SCALE={scale}", "python", "-m", "bench", *args]
+    )
+    set_here = [f"{key}={shlex.quote(environ[key])}" for key in OVERRIDES if environ.get(key, "").strip()]
+    return " ".join([*set_here, base])
 
 
 def main() -> int:
@@ -36,9 +50,7 @@ def main() -> int:
         return 2
     doc = Path(os.environ.get("BENCH_DOC") or REPO / "docs" / "benchmarks.md").resolve()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or REPO / ".cluster" / "bench").resolve()
-    command = os.environ.get("BENCH_COMMAND") or shlex.join(
-        [f"BENCH_SCALE={name}", "python", "-m", "bench", *sys.argv[1:]]
-    )
+    command = exact_command(os.environ, name, sys.argv[1:])
     scale = SCALES[name]
     if sys.argv[1:] == ["--report-only"]:
         results = Results.from_json((workdir / "results.json").read_text())
