@@ -186,7 +186,8 @@ class Scheduler:
             "assigned-pods",
             core.list_pod_for_all_namespaces,
             _Handler(self._assigned_changed, self._assigned_updated, self._assigned_deleted),
-            # Bound pods of every other scheduler; ours are in the pods informer already.
+            # Bound pods of every other scheduler; ours (spec.schedulerName is immutable, so a
+            # pod is on exactly one of the two watches) are counted from the pods informer.
             field_selector=f"{ASSIGNED_SELECTOR},spec.schedulerName!={settings.scheduler_name}",
             on_relist=self._relisted,
             transform=compact,

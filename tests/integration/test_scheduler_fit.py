@@ -265,3 +265,18 @@ def test_our_own_bound_pods_take_room_across_a_restart_and_free_it_when_they_go(
     assert "5 requested by 1 pods there" in message, message
     cluster.kubectl("scale", "statefulset", "-n", namespace, "a", "--replicas=0")
     assert_binds_promptly(kube, namespace, "b-0", node)
+
+
+def test_a_pod_naming_our_scheduler_but_put_on_the_node_directly_still_takes_room(
+    cluster: Cluster, namespace: str, kube: Any, node: str, slow_scheduler: ManagedProcess
+) -> None:
+    # A tenant may name our scheduler and set spec.nodeName itself: the watch of other
+    # schedulers' pods leaves it out, so the scheduler's own pod watch must count it.
+    squatter = other_pod("squatter", node, resources={"requests": {"cpu": "5"}})
+    squatter["spec"]["schedulerName"] = "gpu-scheduler"
+    apply(cluster, namespace, squatter)
+    apply(cluster, namespace, mapped("w", node, resources={"requests": {"cpu": "4"}}))
+    message = assert_waits(kube, namespace, "w-0", "InsufficientResources")
+    assert f"Insufficient cpu: the pod requests 4, node '{node}' has 3 of 8 free" in message, message
+    cluster.kubectl("delete", "pod", "-n", namespace, "squatter", "--wait=false")
+    assert_binds_promptly(kube, namespace, "w-0", node)
