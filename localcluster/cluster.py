@@ -19,11 +19,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from localcluster.pki import LocalPKI
+
+if TYPE_CHECKING:
+    from localcluster.node import NodeBinaries, RealNode
 from localcluster.procs import ManagedProcess, ProcessFailed, pid_alive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,6 +95,27 @@ def tool(name: str) -> Path:
         if (d / name).is_file() and (d.parent / ".done").exists():
             return d / name
     raise FileNotFoundError(f"{name} is not built yet: run `make tools` (tools/provision.sh)")
+
+
+def node_binaries() -> NodeBinaries:
+    """The real node's binaries from the tool cache (tools/provision.sh node)."""
+    from localcluster.node import NodeBinaries
+
+    v = versions()
+    containerd = tool("containerd")
+    cache = containerd.parent.parent.parent
+    pause_dir = cache / f"pause-{v['PAUSE_VERSION']}"
+    if not (pause_dir / ".done").exists():
+        raise FileNotFoundError("the pause image is not built yet: run `make tools` (tools/provision.sh node)")
+    return NodeBinaries(
+        kubelet=tool("kubelet"),
+        kube_proxy=tool("kube-proxy"),
+        containerd=containerd,
+        shim_dir=containerd.parent,
+        ctr=tool("ctr"),
+        pause_archive=pause_dir / "pause.oci.tar",
+        pause_ref=f"localhost/gpu-scheduler/pause:{v['PAUSE_VERSION']}",
+    )
 
 
 class CommandFailed(subprocess.CalledProcessError):
@@ -177,6 +201,8 @@ class Cluster:
     # The CA of the client certificate kube-apiserver presents to admission webhooks (any URL):
     # a webhook started with WEBHOOK_CLIENT_CA_FILE=this accepts only this apiserver.
     webhook_client_ca_file: Path | None = None
+    # The real kubelet node (Cluster.start(real_node=True)), else None: kwok plays every node.
+    node: RealNode | None = None
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -188,11 +214,18 @@ class Cluster:
         detach: bool = False,
         timeout: float = 120,
         service_network: bool = False,
+        real_node: bool = False,
+        images: Sequence[Path] = (),
     ) -> Cluster:
         """Start every component; on any failure stop what was started and raise.
 
         ``service_network``: also start localcluster.svcproxy and route the apiserver's
         Service webhook calls through it (``register_service`` maps a Service to a port).
+        ``real_node``: the control-plane node is a real kubelet with containerd, CNI and
+        kube-proxy (localcluster/node.py) instead of a kwok node; ``images`` (OCI archives,
+        see localcluster/image.py) are loaded into its containerd. The apiserver then also
+        listens on the pods' bridge, authorizes nodes (Node,RBAC), and the ``kubernetes``
+        Service has endpoints, as in a user's cluster.
         """
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -203,14 +236,26 @@ class Cluster:
         kubeconfig = workdir / "admin.kubeconfig"
         kubeconfig.write_text(kubeconfig_yaml(server, pki.ca_file, "admin", admin_crt, admin_key))
         cluster = cls(workdir, server, pki.ca_file, kubeconfig, detached=detach)
+        if real_node:
+            from localcluster.node import RealNode
+
+            cluster.node = RealNode(workdir, node_binaries())
         # A CA of its own, so that a webhook trusting it trusts the apiserver's webhook client only.
         webhook_pki = LocalPKI(workdir / "pki" / "webhook-client")
         cluster.webhook_client_ca_file = webhook_pki.ca_file
         webhook_client = webhook_pki.issue("apiserver-webhook-client", "kube-apiserver-webhook-client")
         try:
+            if cluster.node is not None:
+                cluster.node.prepare_host()
+                cluster._write_state()
+                cluster.node.start_containerd(cluster._spawn_node_process, timeout)
+                for archive in images:
+                    cluster.node.import_image(Path(archive))
             if service_network:
                 cluster._start_service_proxy(timeout)
             cluster._start_components(pki, api_port, timeout, webhook_client)
+            if cluster.node is not None:
+                cluster._start_real_node(pki, timeout)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)
         except BaseException:
             cluster.stop()
@@ -218,15 +263,43 @@ class Cluster:
         cluster._write_state()
         return cluster
 
-    def _spawn(self, name: str, argv: Sequence[str | os.PathLike[str]]) -> ManagedProcess:
+    def _spawn(
+        self, name: str, argv: Sequence[str | os.PathLike[str]], path_prefix: Path | None = None
+    ) -> ManagedProcess:
         env = dict(os.environ)
         env.pop("KUBECONFIG", None)
+        if path_prefix is not None:
+            env["PATH"] = f"{path_prefix}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         proc = ManagedProcess(name, argv, env=env, log_path=self.workdir / "logs" / f"{name}.log").start()
         if self.detached:
             # `make cluster-up`: outlive this interpreter; `down` stops them from the state file.
             proc.detach()
         self.procs[name] = proc
         return proc
+
+    def _spawn_node_process(self, name: str, argv: Sequence[str]) -> ManagedProcess:
+        # containerd finds containerd-shim-runc-v2 on its PATH; runc and the CNI plugins come
+        # from the host's packages.
+        assert self.node is not None
+        return self._spawn(name, argv, path_prefix=self.node.bins.shim_dir)
+
+    def _start_real_node(self, pki: LocalPKI, timeout: float) -> None:
+        from localcluster.node import NODE_NAME
+
+        assert self.node is not None
+        self.node.start_kubelet(self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port)
+        self.node.start_kube_proxy(
+            self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
+        )
+        self.wait_until(lambda: self._ok("get", "node", NODE_NAME), timeout, f"the kubelet to register {NODE_NAME}")
+        # The kubelet may not set node-role labels itself (NodeRestriction): label it here, so the
+        # charts' default nodeSelector and tolerations (control-plane) hold unchanged.
+        self.kubectl(
+            "label", "node", NODE_NAME, "--overwrite",
+            "node-role.kubernetes.io/control-plane=",
+            "node.kubernetes.io/exclude-from-external-load-balancers=",
+        )
+        self.wait_node_ready(NODE_NAME, timeout)
 
     def _component_kubeconfig(self, pki: LocalPKI, name: str, cn: str, org: str | None = None) -> Path:
         crt, key = pki.issue(name, cn, org=org)
@@ -262,11 +335,19 @@ class Cluster:
             ],
         ).wait_http(f"http://127.0.0.1:{etcd_client}/health", timeout=timeout)
 
+        from localcluster.node import GATEWAY
+
         serving_crt, serving_key = pki.issue(
             "apiserver",
             "kube-apiserver",
-            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
-            ips=("127.0.0.1", "10.96.0.1"),
+            dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=("127.0.0.1", "10.96.0.1", *((GATEWAY,) if self.node is not None else ())),
             server=True,
         )
         sa_key, sa_pub = pki.service_account_keys()
@@ -276,15 +357,13 @@ class Cluster:
             [
                 tool("kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{etcd_client}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                *self._address_flags(pki),
                 f"--secure-port={api_port}",
                 f"--tls-cert-file={serving_crt}",
                 f"--tls-private-key-file={serving_key}",
                 "--tls-min-version=VersionTLS12",
                 f"--client-ca-file={pki.ca_file}",
                 f"--admission-control-config-file={admission_config}",
-                "--authorization-mode=RBAC",
                 "--anonymous-auth=false",
                 f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
@@ -293,7 +372,6 @@ class Cluster:
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--allow-privileged=true",
                 "--profiling=false",
-                "--endpoint-reconciler-type=none",
                 f"--cert-dir={self.workdir / 'pki'}",
                 *self._egress_flags(),
                 "--v=1",
@@ -418,6 +496,32 @@ class Cluster:
             )
         )
 
+    def _address_flags(self, pki: LocalPKI) -> list[str]:
+        """Where the apiserver listens, what it advertises, and how it authorizes."""
+        if self.node is None:
+            return [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                "--authorization-mode=RBAC",
+            ]
+        from localcluster.node import GATEWAY
+
+        kubelet_crt, kubelet_key = pki.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", org="system:masters"
+        )
+        return [
+            # Host processes use 127.0.0.1, pods the bridge's gateway (the `kubernetes` Service's
+            # endpoint, kept by the lease reconciler).
+            "--bind-address=0.0.0.0",
+            f"--advertise-address={GATEWAY}",
+            "--endpoint-reconciler-type=lease",
+            "--authorization-mode=Node,RBAC",
+            f"--kubelet-client-certificate={kubelet_crt}",
+            f"--kubelet-client-key={kubelet_key}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
+
     def _egress_flags(self) -> list[str]:
         config = self.workdir / "egress-selector.yaml"
         return [f"--egress-selector-config-file={config}"] if config.exists() else []
@@ -509,6 +613,16 @@ class Cluster:
         raise api.fail(f"/readyz did not answer 200 within {timeout:.0f}s ({last})")
 
     def _create_nodes(self, gpu_nodes: int, gpus_per_node: int, timeout: float) -> None:
+        names = [f"node{i}" for i in range(1, gpu_nodes + 1)]
+        for name in names:
+            self.add_gpu_node(name, gpus=gpus_per_node, wait=False)
+        if self.node is None:
+            self._create_kwok_control_plane()
+            names.insert(0, CONTROL_PLANE_NODE)
+        for name in names:
+            self.wait_node_ready(name, timeout)
+
+    def _create_kwok_control_plane(self) -> None:
         self.add_node(
             CONTROL_PLANE_NODE,
             gpus=None,
@@ -519,14 +633,14 @@ class Cluster:
             taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
             wait=False,
         )
-        names = [f"node{i}" for i in range(1, gpu_nodes + 1)]
-        for name in names:
-            self.add_gpu_node(name, gpus=gpus_per_node, wait=False)
-        for name in [CONTROL_PLANE_NODE, *names]:
-            self.wait_node_ready(name, timeout)
 
     def stop(self) -> None:
-        """Stop every component, newest first; leave no process behind."""
+        """Stop every component, newest first; leave no process behind (and, with a real node,
+        give the host back what the node took: localcluster/node.py)."""
+        if self.node is not None:
+            self.node.stop(self.procs)
+            for name in ("kube-proxy", "kubelet", "containerd"):
+                self.procs.pop(name, None)
         for name in reversed(list(self.procs)):
             self.procs[name].stop(timeout=10)
         self.procs.clear()
@@ -544,7 +658,9 @@ class Cluster:
         return {name: p.pid for name, p in self.procs.items()}
 
     def _write_state(self) -> None:
-        state = {"server": self.server, "kubeconfig": str(self.kubeconfig), "pids": self.pids()}
+        state: dict[str, Any] = {"server": self.server, "kubeconfig": str(self.kubeconfig), "pids": self.pids()}
+        if self.node is not None:
+            state["node_dir"] = str(self.node.dir)
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
 
     @staticmethod
@@ -566,6 +682,11 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             stopped.append(name)
+        if state.get("node_dir"):
+            from localcluster.node import cleanup_host
+
+            cleanup_host(Path(state["node_dir"]))
+            stopped.append("real node (host given back)")
         state_file.unlink()
         return stopped
 
