@@ -12,7 +12,7 @@ TOOL_PATH := $(shell tools/provision.sh --print-bin-dirs | paste -sd: -)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOL_PATH):$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: help venv tools test test-unit lint demo cluster-up cluster-down clean
+.PHONY: help venv tools image test test-unit lint demo cluster-up cluster-down clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,7 +29,10 @@ venv: $(VENV)/.stamp ## Create the virtualenv with the package and its dev tools
 tools: ## Build the pinned control-plane binaries into $(GPU_SCHEDULER_CACHE)
 	tools/provision.sh all
 
-test: venv tools ## Run the whole test suite (unit + local control plane)
+image: venv tools ## Build the image from the Dockerfile without Docker (mmdebstrap + buildah) into build/image/
+	$(PY) -m localcluster.image
+
+test: venv tools image ## Run the whole test suite (unit + local control plane + the real node)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv tools ## Run only the tests that need no control plane (the charts still need helm)
@@ -40,7 +43,7 @@ lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-demo: venv tools ## Start the local control plane, install, place the example StatefulSet, print the table
+demo: venv tools image ## Local control plane + real node: helm install the image, place the example StatefulSet, print the table
 	$(PY) -m localcluster demo $(DEMO_ARGS)
 
 cluster-up: venv tools ## Start the local control plane in the background; prints the KUBECONFIG line
