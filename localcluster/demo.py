@@ -1,12 +1,13 @@
 """``make demo``: the whole product on the local control plane, end to end.
 
-Starts the control plane with fake GPU nodes, installs gpu-scheduler-chart
-(ServiceAccounts, RBAC, admission policy, webhook configurations pointing at the
-host-process webhook), runs the webhook with certificates from generate-webhook-certs.py
-and the chart's webhook ServiceAccount, and the scheduler with a token of the chart's
-scheduler ServiceAccount, applies examples/gpu-workload.yaml, and prints where each
-replica landed. Exit 0 only when every replica is Running where the map says, with
-the mapped devices.
+Builds the image from the Dockerfile (localcluster/image.py), starts the control plane
+with fake GPU nodes (kwok) and one real kubelet node (localcluster/node.py) that holds
+the image, and installs gpu-scheduler-chart as a user does: the scheduler and the webhook
+run as pods on the real node, with the chart's security context, and the apiserver calls
+the webhook through its Service with certificates from generate-webhook-certs.py. Then it
+applies examples/gpu-workload.yaml, prints where each replica landed, and runs
+``helm test``. Exit 0 only when every replica is Running where the map says, with the
+mapped devices, and the helm test passes.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import yaml
 
 from gpu_scheduling.injection import format_devices, held_devices
 from gpu_scheduling.podinfo import entry_for
-from localcluster.cluster import REPO, Cluster, free_port
-from localcluster.release import install_chart, release_service_account, webhook_host_values
-from localcluster.scheduler_host import run_scheduler
-from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
+from localcluster.cluster import REPO, Cluster
+from localcluster.image import build as build_image
+from localcluster.release import install_chart, product_values
+from localcluster.webhook_host import make_certs
 
 EXAMPLE = REPO / "examples" / "gpu-workload.yaml"
 RELEASE, SYSTEM_NS, DEMO_NS = "gpu-scheduler", "gpu-scheduler-system", "gpu-demo"
@@ -104,7 +105,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -> int:
+def wait_rollout(cluster: Cluster, namespace: str, release: str, timeout: float) -> None:
+    for dep in cluster.kubectl(
+        "get", "deployments", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
+    ).stdout.split():
+        cluster.kubectl("rollout", "status", "-n", namespace, dep, f"--timeout={int(timeout)}s")
+
+
+def product_pods(cluster: Cluster, namespace: str, release: str) -> str:
+    return cluster.kubectl(
+        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}", "-o", "wide"
+    ).stdout
+
+
+def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240) -> int:
     if workdir is None:
         workdir = REPO / ".cluster" if keep else Path(tempfile.mkdtemp(prefix="gpu-scheduler-demo-"))
     if keep and (workdir / "state.json").exists():
@@ -112,43 +126,25 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
             f"a control plane kept by an earlier run is still registered in {workdir}: run `make cluster-down` first"
         )
         return 2
-    say("starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, kwok)")
-    cluster = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, detach=keep)
-    procs = []
+    say("building the image from the Dockerfile (make image: mmdebstrap base + buildah, no Docker)")
+    image = build_image()
+    say(
+        "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, "
+        "kwok GPU nodes) and a real kubelet node (containerd, runc, CNI bridge, kube-proxy)"
+    )
+    cluster = Cluster.start(
+        workdir, gpu_nodes=3, gpus_per_node=4, detach=keep, real_node=True, images=[image.archive]
+    )
+    logs = workdir / "logs"
     try:
         say("generating webhook certificates with generate-webhook-certs.py")
-        certs = make_certs(workdir / "webhook-certs")
-        port = free_port()
-        say(f"installing gpu-scheduler-chart into {SYSTEM_NS} (webhook at https://127.0.0.1:{port})")
-        install_chart(
-            cluster, RELEASE, SYSTEM_NS, webhook_host_values(f"https://127.0.0.1:{port}", ca_bundle(certs))
+        certs = make_certs(
+            workdir / "webhook-certs", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS
         )
-        sa = release_service_account(cluster, RELEASE, SYSTEM_NS, "scheduler")
-        sa_kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NS, sa)
-        webhook_sa = release_service_account(cluster, RELEASE, SYSTEM_NS, "webhook")
-        webhook_kubeconfig = cluster.service_account_kubeconfig(SYSTEM_NS, webhook_sa)
-        say(
-            f"starting the webhook as ServiceAccount {SYSTEM_NS}/{webhook_sa} "
-            f"and the scheduler as {SYSTEM_NS}/{sa}"
-        )
-        logs = workdir / "logs"
-        webhook = run_webhook(
-            certs, port, env={"KUBECONFIG": str(webhook_kubeconfig)}, log_path=logs / "webhook.log"
-        )
-        procs.append(webhook)
-        scheduler = run_scheduler(
-            sa_kubeconfig,
-            env={
-                "GPU_SCHEDULER_LEASE_NAME": chart_lease_name(cluster),
-                "GPU_SCHEDULER_LEASE_NAMESPACE": SYSTEM_NS,
-                "POD_NAMESPACE": SYSTEM_NS,
-            },
-            log_path=logs / "scheduler.log",
-        )
-        procs.append(scheduler)
-        if keep:
-            cluster.adopt("gpu-scheduler-webhook", webhook)
-            cluster.adopt("gpu-scheduler", scheduler)
+        say(f"helm install {RELEASE} ./gpu-scheduler-chart -n {SYSTEM_NS} (image {image.ref}, pullPolicy Never)")
+        install_chart(cluster, RELEASE, SYSTEM_NS, product_values(image.ref, certs))
+        wait_rollout(cluster, SYSTEM_NS, RELEASE, timeout)
+        print(product_pods(cluster, SYSTEM_NS, RELEASE))
 
         sts = yaml.safe_load(EXAMPLE.read_text())
         say(f"applying {EXAMPLE.relative_to(REPO)} into namespace {DEMO_NS}")
@@ -166,11 +162,23 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
         good = len(rows) == replicas and all(r["ok"] for r in rows)
         if good:
             say(f"every replica is Running on its mapped node with its mapped GPUs ({replicas}/{replicas})")
+            say(f"helm test {RELEASE} (the test pods run on the real node)")
+            res = cluster.helm("test", RELEASE, "-n", SYSTEM_NS, "--timeout", f"{int(timeout)}s", check=False)
+            print(res.stdout.strip())
+            if res.returncode != 0:
+                say(f"helm test failed: {res.stderr.strip()}")
+                good = False
         else:
             say("placement does NOT match the map; see `kubectl describe pod` and the logs in " + str(logs))
             print(
                 cluster.kubectl(
                     "get", "events", "-n", DEMO_NS, "--sort-by=.lastTimestamp", check=False
+                ).stdout
+            )
+            print(
+                cluster.kubectl(
+                    "logs", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}", "--tail=50",
+                    "--all-containers", "--prefix", check=False,
                 ).stdout
             )
         if keep:
@@ -179,8 +187,6 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 120) -
         return 0 if good else 1
     finally:
         if not keep:
-            for proc in reversed(procs):
-                proc.stop()
             cluster.stop()
             with contextlib.suppress(OSError):
                 import shutil

@@ -132,11 +132,31 @@ def webhook_host_values(url: str, ca_bundle: str, **webhook: Any) -> dict[str, A
     }
 
 
+def product_values(image_ref: str, certs: Path | None = None, **webhook: Any) -> dict[str, Any]:
+    """Values for the product as a user installs it, on the real node (localcluster/node.py):
+    the image built here (never pulled: ``pullPolicy: Never``); with ``certs`` (a folder from
+    generate-webhook-certs.py) also the webhook, in the cluster behind its Service, its TLS
+    Secret created by the chart. Extra keyword arguments go under ``webhook``."""
+    repository, _, tag = image_ref.rpartition(":")
+    values: dict[str, Any] = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
+    if certs is not None:
+        import base64
+
+        values["webhook"] = {
+            "enabled": True,
+            "caBundle": base64.b64encode((certs / "ca.crt").read_bytes()).decode(),
+            "tls": {"crt": (certs / "tls.crt").read_text(), "key": (certs / "tls.key").read_text()},
+            **webhook,
+        }
+    return values
+
+
 __all__ = [
     "CHECK_CHART",
     "SCHEDULER_CHART",
     "chart_path",
     "install_chart",
+    "product_values",
     "release_service_account",
     "release_status",
     "uninstall",
