@@ -1,0 +1,116 @@
+"""The real node's tests: the image built from the Dockerfile, running as pods on a kubelet.
+
+One control plane with a real kubelet node (localcluster/node.py) serves the whole
+package (``node_cluster``); the product is installed into it once (``product``), as a
+user installs it. Only one real node runs on a host at a time: tests/node/test_host.py,
+which starts and stops nodes of its own, runs before the package's node is started.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import Cluster
+from localcluster.image import Image
+from localcluster.image import build as build_image
+from localcluster.release import install_chart, product_values
+from localcluster.webhook_host import make_certs
+
+RELEASE, SYSTEM_NS = "gpu-scheduler", "gpu-scheduler-system"
+HERE = Path(__file__).resolve().parent
+# Runs first: it starts and stops real nodes of its own (one real node per host at a time).
+FIRST = "test_host.py"
+# Runs last: it uninstalls the package's product.
+LAST = "test_helm_uninstall_leaves_nothing_behind"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order this package's tests: the host test first, the uninstall last (in place)."""
+    idx = [i for i, it in enumerate(items) if Path(str(it.path)).parent == HERE]
+    mine = [items[i] for i in idx]
+
+    def key(it: pytest.Item) -> int:
+        if Path(str(it.path)).name == FIRST:
+            return 0
+        return 2 if it.name == LAST else 1
+
+    for i, it in zip(idx, sorted(mine, key=key), strict=True):
+        items[i] = it
+
+
+@pytest.fixture(scope="package")
+def product_image() -> Image:
+    """The image of this tree (built by `make image`, or here when the tree changed)."""
+    return build_image()
+
+
+@pytest.fixture(scope="package")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory, product_image: Image) -> Iterator[Cluster]:
+    """kwok GPU nodes node1..node3 (4 GPUs each) and the real control-plane node holding the image."""
+    workdir = tmp_path_factory.mktemp("node-cluster")
+    c = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, real_node=True, images=[product_image.archive])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@dataclass(frozen=True)
+class Product:
+    cluster: Cluster
+    image: Image
+    certs: Path
+    release: str = RELEASE
+    namespace: str = SYSTEM_NS
+
+    def values(self, **webhook: Any) -> dict[str, Any]:
+        return product_values(self.image.ref, self.certs, **webhook)
+
+    def pods(self, component: str | None = None) -> list[dict[str, Any]]:
+        import json
+
+        sel = f"app.kubernetes.io/instance={self.release}"
+        if component:
+            sel += f",app.kubernetes.io/component={component}"
+        out = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", sel, "-o", "json").stdout
+        return [p for p in json.loads(out)["items"] if p["metadata"].get("deletionTimestamp") is None]
+
+    def rollout(self, timeout: int = 180) -> None:
+        for dep in self.cluster.kubectl(
+            "get", "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}",
+            "-o", "name",
+        ).stdout.split():
+            self.cluster.kubectl("rollout", "status", "-n", self.namespace, dep, f"--timeout={timeout}s")
+
+
+@pytest.fixture(scope="package")
+def product(node_cluster: Cluster, product_image: Image, tmp_path_factory: pytest.TempPathFactory) -> Product:
+    """gpu-scheduler-chart installed as a user does: scheduler and webhook pods on the real node."""
+    certs = make_certs(
+        tmp_path_factory.mktemp("certs") / "webhook", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS
+    )
+    p = Product(node_cluster, product_image, certs)
+    install_chart(node_cluster, RELEASE, SYSTEM_NS, p.values())
+    p.rollout()
+    return p
+
+
+@pytest.fixture
+def node_namespace(node_cluster: Cluster) -> Iterator[str]:
+    name = f"n-{uuid.uuid4().hex[:8]}"
+    node_cluster.kubectl("create", "namespace", name)
+    node_cluster.wait_until(
+        lambda: node_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+        what=f"ServiceAccount {name}/default",
+    )
+    try:
+        yield name
+    finally:
+        node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

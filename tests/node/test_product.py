@@ -1,0 +1,304 @@
+"""What a user installs, running for real: the image from our Dockerfile, as the chart's
+Deployments, on the real kubelet node; GPU replicas on the kwok GPU nodes.
+
+Everything is asserted from what runs (the containers' own /proc, the apiserver's view,
+requests through Service IPs), never from rendered YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from localcluster.cluster import Cluster
+from localcluster.node import NODE_NAME
+from tests.node.conftest import Product
+from tests.support.waiting import wait_for
+
+# Run inside each container: who it runs as, what it may do, and whether its root is writable.
+PROBE = r"""
+import json, os
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+try:
+    open("/opt/probe-write", "w").close()
+    root_writable = True
+except OSError as e:
+    root_writable = e.strerror
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "CapEff": status["CapEff"].strip(), "CapPrm": status["CapPrm"].strip(), "CapBnd": status["CapBnd"].strip(),
+    "NoNewPrivs": status["NoNewPrivs"].strip(), "Seccomp": status["Seccomp"].strip(),
+    "root_writable": root_writable,
+}))
+"""
+
+
+def _statefulset(name: str, entries: list[str], replicas: int | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name,
+            "replicas": len(entries) if replicas is None else replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": {"gpu-scheduling-map": "\n".join(entries)}},
+                "spec": {
+                    "schedulerName": "gpu-scheduler",
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "registry.invalid/never-pulled:kwok"}],
+                },
+            },
+        },
+    }
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for c in pod["spec"]["containers"] for e in c.get("env") or []}
+
+
+def _pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def _expected(entries: list[str]) -> dict[int, tuple[str, str]]:
+    out = {}
+    for e in entries:
+        ordinal, _, rest = e.partition("=")
+        node, _, gpus = rest.partition(":")
+        out[int(ordinal)] = (node, gpus)
+    return out
+
+
+class BoundSampler(threading.Thread):
+    """Samples the namespace's pods every 0.2 s: a pod with a node must carry its map entry's devices,
+    and no GPU may be held by two bound pods at once. Violations are collected, not raised."""
+
+    def __init__(self, cluster: Cluster, namespace: str, entries: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.expected = cluster, namespace, _expected(entries)
+        self.violations: list[str] = []
+        self.samples = 0
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_evt.is_set():
+            holders: dict[str, str] = {}
+            try:
+                pods = _pods(self.cluster, self.namespace, "app")
+            except Exception:  # a transient kubectl error is no verdict
+                continue
+            self.samples += 1
+            for pod in pods:
+                node = pod["spec"].get("nodeName")
+                if not node or pod["status"].get("phase") in ("Succeeded", "Failed"):
+                    continue
+                name = pod["metadata"]["name"]
+                ordinal = int(name.rsplit("-", 1)[1])
+                want_node, want_gpus = self.expected[ordinal]
+                env = _env(pod)
+                if node != want_node or env.get("CUDA_VISIBLE_DEVICES") != want_gpus:
+                    self.violations.append(
+                        f"{name} bound to {node} with CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} "
+                        f"(map: {want_node}:{want_gpus})"
+                    )
+                for gpu in want_gpus.split(","):
+                    key = f"{node}:{gpu}"
+                    if key in holders and holders[key] != name:
+                        self.violations.append(f"{key} held by {holders[key]} and {name}")
+                    holders[key] = name
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=10)
+
+
+def test_scheduler_and_webhook_pods_run_on_the_real_node_with_the_restricted_security_context(
+    product: Product,
+) -> None:
+    pods = product.pods()
+    components = sorted(p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods)
+    assert components == ["scheduler", "webhook", "webhook"], components
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        assert pod["spec"]["nodeName"] == NODE_NAME, f"{name} is not on the real node"
+        assert pod["status"]["phase"] == "Running", name
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"]), f"{name} is not Ready"
+        # The image our Dockerfile built, never pulled.
+        assert pod["status"]["containerStatuses"][0]["image"].endswith(product.image.ref.split("/", 1)[1])
+        out = product.cluster.kubectl("exec", "-n", product.namespace, name, "--", "python", "-c", PROBE).stdout
+        seen = json.loads(out)
+        assert seen["uid"] == 65532 and seen["gid"] == 65532, (name, seen)
+        assert seen["CapEff"] == seen["CapPrm"] == seen["CapBnd"] == "0000000000000000", (name, seen)
+        assert seen["NoNewPrivs"] == "1", (name, seen)
+        assert seen["Seccomp"] == "2", f"{name}: RuntimeDefault seccomp is a filter (mode 2): {seen}"
+        assert seen["root_writable"] == "Read-only file system", (name, seen)
+
+
+def test_the_apiserver_calls_the_webhook_through_its_service(product: Product, node_namespace: str) -> None:
+    cluster = product.cluster
+    mwc = json.loads(
+        cluster.kubectl(
+            "get", "mutatingwebhookconfigurations", "-l", f"app.kubernetes.io/instance={product.release}", "-o", "json"
+        ).stdout
+    )["items"]
+    assert mwc, "the chart registered no MutatingWebhookConfiguration"
+    client_config = mwc[0]["webhooks"][0]["clientConfig"]
+    assert "url" not in client_config
+    assert client_config["service"]["name"] == f"{product.release}-webhook"
+    entries = ["0=node1:0,1", "1=node2:2", "2=node3:3"]
+    cluster.apply({**_statefulset("svc", entries), "metadata": {"name": "svc", "namespace": node_namespace}})
+
+    def placed() -> bool:
+        pods = _pods(cluster, node_namespace, "app=svc")
+        return len(pods) == 3 and all(
+            (p["spec"].get("nodeName"), _env(p).get("CUDA_VISIBLE_DEVICES")) == _expected(entries)[i]
+            and _env(p).get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+            for i, p in enumerate(sorted(pods, key=lambda p: p["metadata"]["name"]))
+        )
+
+    wait_for(placed, timeout=120, what="the 3 replicas injected by the webhook and bound per the map")
+    # `kubectl logs` reaches the kubelet, and a webhook pod's log names an admitted pod.
+    logs = "".join(
+        cluster.kubectl("logs", "-n", product.namespace, p["metadata"]["name"]).stdout
+        for p in product.pods("webhook")
+    )
+    assert f"{node_namespace}/svc-" in logs, logs[-2000:]
+
+
+def test_scheduler_health_and_metrics_answer_through_its_service(product: Product) -> None:
+    cluster = product.cluster
+    ip = cluster.kubectl(
+        "get", "service", product.release, "-n", product.namespace, "-o", "jsonpath={.spec.clusterIP}"
+    ).stdout.strip()
+    # From the host, through kube-proxy's rules, as any client in the cluster.
+    with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=10) as r:  # noqa: S310
+        health = json.loads(r.read())
+    assert health["status"] == "ok", health
+    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=10) as r:  # noqa: S310
+        metrics = r.read().decode()
+    assert "gpu_scheduler_pods_bound_total" in metrics
+    log = cluster.kubectl("logs", "-n", product.namespace, f"deploy/{product.release}").stdout
+    assert '"became leader"' in log or "became leader" in log, log[-2000:]
+
+
+def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
+    product: Product, node_namespace: str
+) -> None:
+    cluster = product.cluster
+    entries = [f"{i}=node{i // 4 + 1}:{i % 4}" for i in range(12)]
+    sampler = BoundSampler(cluster, node_namespace, entries)
+    sampler.start()
+    try:
+        cluster.apply({**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}})
+        # Both webhook replicas die at once, as in a node's crash: failurePolicy Ignore admits
+        # pods unmutated meanwhile, and the scheduler must not bind them.
+        cluster.kubectl(
+            "delete", "pods", "-n", product.namespace, "-l", "app.kubernetes.io/component=webhook",
+            "--grace-period=0", "--force", "--wait=false",
+        )
+
+        def all_placed() -> bool:
+            pods = _pods(cluster, node_namespace, "app=burst")
+            return len(pods) == 12 and all(
+                p["spec"].get("nodeName") and p["status"].get("phase") == "Running" for p in pods
+            )
+
+        wait_for(all_placed, timeout=240, interval=1, what="all 12 replicas Running once the webhook is back")
+    finally:
+        sampler.stop()
+    assert sampler.samples > 5
+    assert sampler.violations == [], sampler.violations[:10]
+    product.rollout()
+
+
+def _dry_run_pod(cluster: Cluster, namespace: str, i: int) -> dict[str, Any]:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"dry-{i}",
+            "namespace": namespace,
+            "labels": {"apps.kubernetes.io/pod-index": "1"},
+            "annotations": {"gpu-scheduling-map": "0=node1:0\n1=node2:1,2"},
+        },
+        "spec": {
+            "schedulerName": "gpu-scheduler",
+            "containers": [{"name": "main", "image": "registry.invalid/never-pulled:kwok"}],
+        },
+    }
+    out = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(pod)).stdout
+    return dict(json.loads(out))
+
+
+def test_helm_upgrade_that_rolls_the_webhook_never_admits_a_mapped_pod_without_devices(
+    product: Product, node_namespace: str
+) -> None:
+    cluster = product.cluster
+    results: list[tuple[float, str | None]] = []
+    done = threading.Event()
+
+    def admit_continuously() -> None:
+        i = 0
+        while not done.is_set():
+            i += 1
+            try:
+                env = _env(_dry_run_pod(cluster, node_namespace, i))
+            except Exception as e:  # an admission error is a result too
+                results.append((time.monotonic(), f"error: {e}"))
+                continue
+            results.append((time.monotonic(), env.get("CUDA_VISIBLE_DEVICES")))
+
+    worker = threading.Thread(target=admit_continuously, daemon=True)
+    worker.start()
+    try:
+        time.sleep(2)
+        from localcluster.release import install_chart
+
+        # A value that changes the webhook's pod template: both replicas are replaced.
+        install_chart(cluster, product.release, product.namespace, product.values(logLevel="DEBUG"))
+        product.rollout()
+        time.sleep(3)
+    finally:
+        done.set()
+        worker.join(timeout=60)
+        from localcluster.release import install_chart
+
+        install_chart(cluster, product.release, product.namespace, product.values())
+        product.rollout()
+    assert len(results) > 20, f"only {len(results)} admissions were made during the roll"
+    missing = [r for r in results if r[1] != "1,2"]
+    assert missing == [], f"{len(missing)} of {len(results)} admissions without devices: {missing[:5]}"
+
+
+def test_helm_uninstall_leaves_nothing_behind(product: Product) -> None:
+    cluster = product.cluster
+    cluster.helm("uninstall", product.release, "-n", product.namespace, "--wait", "--timeout", "120s")
+    kinds = (
+        "deployments,replicasets,pods,services,endpointslices,serviceaccounts,secrets,configmaps,roles,"
+        "rolebindings,leases,poddisruptionbudgets,networkpolicies"
+    )
+    selector = f"app.kubernetes.io/instance={product.release}"
+    left = cluster.kubectl("get", kinds, "-n", product.namespace, "-l", selector, "-o", "name").stdout.split()
+    cluster_kinds = (
+        "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    left += cluster.kubectl("get", cluster_kinds, "-l", selector, "-o", "name").stdout.split()
+    assert left == [], left
+    # The containers are gone from the node too (only the kube-system-free node: nothing else runs there).
+    assert cluster.node is not None
+    wait_for(
+        lambda: not [
+            line for line in cluster.node.ctr("tasks", "ls").stdout.splitlines()[1:] if "RUNNING" in line
+        ],
+        timeout=90,
+        what="no container running on the real node",
+    )
