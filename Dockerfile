@@ -2,22 +2,34 @@
 # One image for the three programs: gpu-scheduler (default), gpu-scheduler-webhook
 # and gpu-scheduler-check (the charts pick one with `command`).
 # Build: docker build -t gpu-scheduler .   (CI: kaniko, see .gitlab-ci.yml)
+# The base needs only `python` (3.11) with its venv module: python:3.11-slim, or a Debian
+# bookworm root with python3, python3-venv and python-is-python3 (--build-arg PYTHON_IMAGE=...).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-# ---- stage 1: build the wheel, install it with the nvml extra into a venv
+# ---- stage 1: build the wheel; install the locked dependencies, then the wheel, into a venv
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
+# Every pip here is the venv's own: nothing is installed into the base's Python.
+RUN python -m venv /opt/venv
+# The runtime dependencies, nvml extra included: exact versions and their sha256 hashes,
+# generated from pyproject.toml by `make lock` (requirements/runtime.txt says so). Wheels only.
+COPY requirements/runtime.txt requirements/runtime.txt
+RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary=:all: \
+      -r requirements/runtime.txt
 COPY pyproject.toml README.md ./
 COPY gpu_scheduling/ gpu_scheduling/
 COPY scheduler/ scheduler/
 COPY webhook/ webhook/
-# pip compiles the .pyc files here, so nothing is written at run time.
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir "$(find /wheels -name 'gpu_scheduler-*.whl')[nvml]"
+# An isolated PEP 517 build (pip fetches the build backend). Then the wheel itself, with no
+# index: pip installs nothing more, and finds every requirement of gpu-scheduler[nvml]
+# (extras of extras too, such as gunicorn[gevent]) already installed from the lock, or
+# the build fails here. pip compiles the .pyc files, so nothing is written at run time.
+RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/venv/bin/pip install --no-cache-dir --no-index \
+      "$(find /wheels -name 'gpu_scheduler-*.whl')[nvml]"
 
 # ---- stage 2: runtime, non-root, read-only root filesystem friendly
 FROM ${PYTHON_IMAGE}

@@ -2,8 +2,14 @@
 
 * ``fake_nvml``: the directory holding the fake ``libnvidia-ml.so.1``, compiled once per
   session from tests/support/fakenvml/fakenvml.c (tests/support/fakenvml.py: ``nvml_env``).
-* ``wheel_venv``: the project built as a wheel and installed non-editable into a fresh
-  venv, once per session (tests/support/wheelvenv.py).
+* ``wheel_venv``: a user's ``pip install .``: the project's wheel installed into a fresh venv,
+  its dependencies resolved by pip from the wheel's own metadata, once per session.
+* ``image_venv``: the venv the image gets: the Dockerfile's build stage run here (the lock
+  with ``--require-hashes``, then the wheel with no index), once per session.
+
+Both come from tests/support/wheelvenv.py and borrow nothing from the test virtualenv: each
+fixture fails when the venv's ``python -I`` could import anything from outside it (its
+standard library apart).
 """
 
 from __future__ import annotations
@@ -21,11 +27,19 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return fakenvml.build(tmp_path_factory.mktemp("fakenvml"))
 
 
+def _isolated(venv: wheelvenv.WheelVenv) -> wheelvenv.WheelVenv:
+    problems = venv.isolation_problems()
+    assert not problems, f"{venv.how}: not isolated: {problems}"
+    return venv
+
+
 @pytest.fixture(scope="session")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> wheelvenv.WheelVenv:
-    """A venv with the project's wheel installed (not editable); imports resolve to the wheel."""
-    venv = wheelvenv.build(tmp_path_factory.mktemp("wheel-venv"))
-    files = venv.module_files()
-    outside = {m: f for m, f in files.items() if not f.startswith(str(venv.root))}
-    assert not outside, f"imported from outside the wheel install: {outside}"
-    return venv
+    """A user's ``pip install .`` (no extra): the wheel, dependencies resolved by pip, in a fresh venv."""
+    return _isolated(wheelvenv.install_resolved(tmp_path_factory.mktemp("wheel-venv")))
+
+
+@pytest.fixture(scope="session")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> wheelvenv.WheelVenv:
+    """The image's venv: the Dockerfile's build stage (hashed lock, nvml extra, then the wheel) run here."""
+    return _isolated(wheelvenv.install_image(tmp_path_factory.mktemp("image-venv")))

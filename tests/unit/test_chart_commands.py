@@ -2,8 +2,9 @@
 
 Both charts are rendered with their defaults and every ci/ scenario; each distinct
 container (Deployments, StatefulSets, Jobs, helm test and Argo CD hook Pods) is
-started as a host process from a NON-editable wheel install of the project
-(tests/support/wheelvenv.py), with the command, args and literal env the manifest
+started as a host process from the venv the image gets (``image_venv``: the Dockerfile's
+build stage run here, the hashed lock then the wheel, in a fresh venv that borrows nothing
+from the tests'; tests/support/wheelvenv.py), with the command, args and literal env the manifest
 gives and the downward-API values a pod would get. Nothing is copied from the
 templates: a wrong entry point, subcommand, flag or setting in a template fails
 here, not in a user's cluster.
@@ -224,14 +225,14 @@ def smoke_all(
         )
 
 
-def test_every_chart_container_starts_from_the_wheel(
-    wheel_venv: WheelVenv, fake_nvml: Path, tmp_path: Path
+def test_every_chart_container_starts_from_the_image_venv(
+    image_venv: WheelVenv, fake_nvml: Path, tmp_path: Path
 ) -> None:
     items = containers()
     commands = {c.command[0] for c in items}
     assert commands == {"gpu-scheduler", "gpu-scheduler-webhook", "gpu-scheduler-check"}, commands
     # The check pods' NVML: the fake library with 4 GPUs (the defaults map GPUs 0-2).
-    outcomes = smoke_all(wheel_venv, items, tmp_path, nvml_env(fake_nvml, gpus=4))
+    outcomes = smoke_all(image_venv, items, tmp_path, nvml_env(fake_nvml, gpus=4))
     failed = {o.container.where: (o.argv, o.code, o.problems()) for o in outcomes if o.problems()}
     assert not failed, json.dumps(failed, indent=1)
     # Every program at least logged (so it ran its own code, not just an import).
@@ -239,7 +240,7 @@ def test_every_chart_container_starts_from_the_wheel(
     assert not silent, silent
 
 
-def test_a_wrong_entry_point_or_flag_fails(wheel_venv: WheelVenv, tmp_path: Path) -> None:
+def test_a_wrong_entry_point_or_flag_fails(image_venv: WheelVenv, tmp_path: Path) -> None:
     """The smoke run tells a template mistake from a container that starts."""
     good = next(c for c in containers() if c.args[:1] == ("verify-release",))
     wrong = [
@@ -248,7 +249,7 @@ def test_a_wrong_entry_point_or_flag_fails(wheel_venv: WheelVenv, tmp_path: Path
         Container("unknown subcommand", good.command, ("verify",), good.env, ()),
         Container("bad setting", ("gpu-scheduler",), (), (("GPU_SCHEDULER_WORKERS", "many"),), ()),
     ]
-    outcomes = smoke_all(wheel_venv, [good, *wrong], tmp_path, {})
+    outcomes = smoke_all(image_venv, [good, *wrong], tmp_path, {})
     assert outcomes[0].problems() == [], outcomes[0]
     for o in outcomes[1:]:
         assert o.problems(), (o.container.where, o.code, o.stderr)

@@ -1,5 +1,7 @@
-"""The Dockerfile: hadolint, the pinned base, non-root, and the programs it and the
-charts start exist as console scripts of the package."""
+"""The Dockerfile: hadolint, the pinned base, non-root, the hashed lock installed before the
+wheel, and the programs it and the charts start exist as console scripts of the package.
+
+tests/integration/test_packaging.py runs the build stage itself (tests/support/wheelvenv.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 import yaml
 
 from tests.support.charts import CHECK_CHART, SCHEDULER_CHART, ci_values, render
+from tests.support.wheelvenv import build_stage
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
@@ -43,6 +46,27 @@ def test_base_image_is_pinned_and_multi_stage() -> None:
     assert "COPY --from=build" in text
 
 
+def test_build_stage_installs_the_hashed_lock_then_the_wheel_with_no_index() -> None:
+    stage = build_stage(DOCKERFILE)
+    runs = [i.args for i in stage if i.keyword == "RUN"]
+    copies = [i.args for i in stage if i.keyword == "COPY"]
+    assert "requirements/runtime.txt requirements/runtime.txt" in copies
+    # Only the venv's own pip installs: never the base's (a Debian base's python is externally managed).
+    assert runs[0] == "python -m venv /opt/venv", runs
+    for command in runs:
+        for use in re.findall(r"(\S*pip) (?:install|wheel)", command):
+            assert use == "/opt/venv/bin/pip", command
+    (lock,) = [i for i, c in enumerate(runs) if "-r requirements/runtime.txt" in c]
+    for flag in ("--require-hashes", "--no-deps", "--only-binary=:all:"):
+        assert flag in runs[lock], flag
+    (wheel,) = [i for i, c in enumerate(runs) if re.search(r"pip install [^&]*gpu_scheduler-", c)]
+    assert wheel > lock
+    # No index: pip installs nothing beyond the lock, and fails when the lock misses a requirement.
+    assert re.search(
+        r"pip install (--no-cache-dir )?--no-index \"\$\(find /wheels [^)]*\)\[nvml\]\"", runs[wheel]
+    )
+
+
 def test_runtime_is_non_root_and_writes_nothing() -> None:
     text = DOCKERFILE.read_text()
     final = text[text.rindex("\nFROM ") :]
@@ -56,7 +80,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     assert {".git", ".venv", "tests", "gpu-scheduler-chart", "gpu-scheduler-check-chart", "certs"} <= ignored
-    for needed in ("pyproject.toml", "README.md", "gpu_scheduling", "scheduler", "webhook"):
+    for needed in ("pyproject.toml", "README.md", "gpu_scheduling", "scheduler", "webhook", "requirements"):
         assert needed not in ignored
         assert (REPO / needed).exists() or needed == "README.md"
 
