@@ -336,6 +336,7 @@ def _make_worker_class() -> type:
                 self.notify()
                 gevent.sleep(1.0)
             try:
+                self.drain()
                 for server in servers:
                     server.close()
                 # Kept-alive connections waiting for a next request would hold the shutdown until
@@ -354,6 +355,22 @@ def _make_worker_class() -> type:
                     server.stop(timeout=1)
             except Exception:
                 log.exception("error while stopping the worker")
+
+        def drain(self) -> None:
+            """Keep serving a while after SIGTERM. ``alive`` is False now, so gunicorn answers every
+            request with ``Connection: close``: the apiserver's kept-alive connections to this pod end
+            cleanly after their next answer, and its next request opens a connection that the Service
+            routes to a pod that stays. Closing them at once instead resets a request that was on its
+            way, and under failurePolicy Ignore that pod is admitted without its devices (measured
+            on the real node, tests/node/test_product.py). Ends early when no connection is left."""
+            seconds = self.settings.drain_seconds
+            if seconds <= 0:
+                return
+            log.info("draining", extra={"seconds": seconds, "connections": len(self.conns), "pid": os.getpid()})
+            end = time.time() + seconds
+            while time.time() < end and self.conns:
+                self.notify()
+                gevent.sleep(0.2)
 
         def cap_reached(self) -> None:
             serving_stats.connection_cap_reached()

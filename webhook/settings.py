@@ -45,6 +45,8 @@ class Settings:
     header_timeout: float = 5.0
     body_timeout: float = 10.0
     idle_timeout: float = 30.0
+    # After SIGTERM: keep serving, answering with Connection: close, before closing (s).
+    drain_seconds: float = 3.0
     # "" = off; else /mutate and /validate need a client certificate signed by this CA.
     client_ca_file: str = ""
     # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
@@ -131,6 +133,12 @@ TABLE: tuple[Setting, ...] = (
         "WEBHOOK_IDLE_TIMEOUT",
         _seconds(0.1, 3600),
         "kept-alive connection waiting for its next request, s",
+    ),
+    Setting(
+        "drain_seconds",
+        "WEBHOOK_DRAIN_SECONDS",
+        _seconds(0, 30),
+        "after SIGTERM, keep serving (every answer with `Connection: close`) this long before closing, s",
     ),
     Setting(
         "client_ca_file",
