@@ -5,7 +5,8 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|node|all]...   (default: all)
+#   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -30,10 +31,13 @@ helm_dir="$CACHE/helm-$HELM_VERSION-r2"
 ct_dir="$CACHE/ct-$CT_VERSION"
 argocd_dir="$CACHE/argocd-$ARGOCD_VERSION-ge-${ARGOCD_GITOPS_ENGINE_VERSION##*-}"
 cm_dir="$CACHE/cert-manager-$CERT_MANAGER_VERSION"
+node_dir="$CACHE/kubernetes-node-$KUBERNETES_VERSION"
+containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
+pause_dir="$CACHE/pause-$PAUSE_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
-    "$argocd_dir/bin" "$cm_dir/bin"
+    "$argocd_dir/bin" "$cm_dir/bin" "$node_dir/bin" "$containerd_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -291,6 +295,94 @@ build_cert_manager() {
   touch "$cm_dir/.done"
 }
 
+# ---------------------------------------------------------------- the real node
+# Debian packages the real kubelet node and `make image` need: runc and the CNI
+# plugins run pods, nftables is kube-proxy's backend, conntrack its cleanup,
+# buildah and mmdebstrap build images without Docker. Installed only when missing.
+HOST_PACKAGES=(runc containernetworking-plugins nftables conntrack iptables buildah mmdebstrap uidmap)
+
+ensure_host_packages() {
+  local missing=() p
+  for p in "${HOST_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    log "the real node needs these Debian packages: ${missing[*]} (install them as root: apt-get install ${missing[*]})"
+    exit 1
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+}
+
+# kubelet and kube-proxy, from the same wrapper module as kube-apiserver.
+build_node_bins() {
+  [ -f "$node_dir/.done" ] && return
+  check_go
+  local src; src=$(k8s_wrapper)
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  local x=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    x+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    x+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=0000000000000000000000000000000000000000"
+  done
+  mkdir -p "$node_dir/bin"
+  log "building kubelet kube-proxy $KUBERNETES_VERSION (cold: ~6 min after kube-apiserver)"
+  (cd "$src" && go build -ldflags "-s -w$x" -o "$node_dir/bin/" \
+      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  "$node_dir/bin/kubelet" --version | grep -qx "Kubernetes $KUBERNETES_VERSION" \
+    || { log "kubelet does not report $KUBERNETES_VERSION"; exit 1; }
+  touch "$node_dir/.done"
+}
+
+# containerd 2.x (Debian bookworm's 1.6 is too old for the 1.37 kubelet), static.
+build_containerd() {
+  [ -f "$containerd_dir/.done" ] && return
+  check_go
+  log "building containerd $CONTAINERD_VERSION (containerd, containerd-shim-runc-v2, ctr)"
+  local src="$CACHE/src/$(basename "$containerd_dir")" m=github.com/containerd/containerd/v2
+  rm -rf "$src"; mkdir -p "$src" "$containerd_dir/bin"
+  printf 'module gpu-scheduler.local/build\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$CONTAINERD_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -tags no_btrfs,no_devmapper,no_zfs \
+      -ldflags "-s -w -X $m/version.Version=$CONTAINERD_VERSION -X $m/version.Package=$m" \
+      -o "$containerd_dir/bin/" "$m/cmd/containerd" "$m/cmd/containerd-shim-runc-v2" "$m/cmd/ctr")
+  "$containerd_dir/bin/containerd" --version >&2
+  touch "$containerd_dir/.done"
+}
+
+# The sandbox ("pause") image: tools/pause/main.go, static, wrapped as an OCI archive
+# that localcluster imports into the node's containerd and pins there.
+build_pause() {
+  [ -f "$pause_dir/.done" ] && return
+  check_go
+  command -v buildah >/dev/null || { log "buildah is missing (tools/provision.sh node installs it)"; exit 1; }
+  log "building the pause image $PAUSE_VERSION"
+  local src="$CACHE/src/$(basename "$pause_dir")"
+  rm -rf "$src" "$pause_dir"; mkdir -p "$src" "$pause_dir/bin"
+  cp "$here/pause/main.go" "$src/"
+  printf 'module gpu-scheduler.local/pause\n\ngo 1.22\n' >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w" -o "$pause_dir/bin/pause" .)
+  local ctr
+  ctr=$(buildah --storage-driver vfs from scratch)
+  buildah --storage-driver vfs copy --chmod 0755 "$ctr" "$pause_dir/bin/pause" /pause >/dev/null
+  buildah --storage-driver vfs config --entrypoint '["/pause"]' --user 65535:65535 "$ctr"
+  buildah --storage-driver vfs commit --rm -q "$ctr" "localhost/gpu-scheduler/pause:$PAUSE_VERSION" >/dev/null
+  buildah --storage-driver vfs push -q "localhost/gpu-scheduler/pause:$PAUSE_VERSION" \
+    "oci-archive:$pause_dir/pause.oci.tar:localhost/gpu-scheduler/pause:$PAUSE_VERSION"
+  buildah --storage-driver vfs rmi "localhost/gpu-scheduler/pause:$PAUSE_VERSION" >/dev/null
+  touch "$pause_dir/.done"
+}
+
+build_node() {
+  ensure_host_packages
+  build_node_bins
+  build_containerd
+  build_pause
+}
+
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 start=$(date +%s)
@@ -299,8 +391,10 @@ for t in "${targets[@]}"; do
     k8s) build_k8s ;; etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; ct) build_ct ;;
     argocd) with_lock "$argocd_dir" build_argocd ;;
     cert-manager) with_lock "$cm_dir" build_cert_manager ;;
+    node) with_lock "$node_dir" build_node ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
-         with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd ;;
+         with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
+         with_lock "$node_dir" build_node ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done
