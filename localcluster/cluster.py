@@ -162,8 +162,9 @@ def gpu_node_manifest(
     taints: Sequence[Mapping[str, str]] | None = None,
     unschedulable: bool = False,
 ) -> dict[str, Any]:
-    """A Node that kwok manages, reporting ``gpus`` nvidia.com/gpu (None: no GPU resource)."""
-    resources: dict[str, str] = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    """A Node that kwok manages, reporting ``gpus`` nvidia.com/gpu (None: no GPU resource).
+    Like a kubelet, it reports ephemeral-storage: the charts' pods request some."""
+    resources: dict[str, str] = {"cpu": "32", "memory": "256Gi", "ephemeral-storage": "100Gi", "pods": "110"}
     if gpus is not None:
         resources[GPU_RESOURCE] = str(gpus)
     node_labels = {

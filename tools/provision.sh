@@ -5,7 +5,7 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|node|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|all]...   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
@@ -34,10 +34,11 @@ cm_dir="$CACHE/cert-manager-$CERT_MANAGER_VERSION"
 node_dir="$CACHE/kubernetes-node-$KUBERNETES_VERSION"
 containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
 pause_dir="$CACHE/pause-$PAUSE_VERSION"
+kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
-    "$argocd_dir/bin" "$cm_dir/bin" "$node_dir/bin" "$containerd_dir/bin"
+    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -383,6 +384,18 @@ build_node() {
   build_pause
 }
 
+# kube-score: a static checker of the rendered charts (tests/unit/test_chart_kubescore.py,
+# docs/charts.md "kube-score"). One small binary, through go_build_pinned like ct.
+build_kube_score() {
+  [ -f "$kube_score_dir/.done" ] && return
+  check_go
+  log "building kube-score $KUBE_SCORE_VERSION"
+  go_build_pinned "$kube_score_dir" github.com/zegl/kube-score "$KUBE_SCORE_VERSION" \
+    github.com/zegl/kube-score/cmd/kube-score "-X main.version=$KUBE_SCORE_VERSION -X main.commit=N/A"
+  "$kube_score_dir/bin/kube-score" version >&2
+  touch "$kube_score_dir/.done"
+}
+
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 start=$(date +%s)
@@ -391,10 +404,11 @@ for t in "${targets[@]}"; do
     k8s) build_k8s ;; etcd) build_etcd ;; kwok) build_kwok ;; helm) build_helm ;; ct) build_ct ;;
     argocd) with_lock "$argocd_dir" build_argocd ;;
     cert-manager) with_lock "$cm_dir" build_cert_manager ;;
+    kube-score) with_lock "$kube_score_dir" build_kube_score ;;
     node) with_lock "$node_dir" build_node ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
          with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
-         with_lock "$node_dir" build_node ;;
+         with_lock "$kube_score_dir" build_kube_score; with_lock "$node_dir" build_node ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

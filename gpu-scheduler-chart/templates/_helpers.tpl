@@ -89,6 +89,40 @@ app.kubernetes.io/component: webhook
 {{- end }}
 
 {{/*
+Selector labels of the helm test pods: their own app.kubernetes.io/name "<name>-test",
+so that no selector of the release (the scheduler's Service, PodDisruptionBudget and
+NetworkPolicy) ever picks a test pod, and the tests' NetworkPolicy picks nothing else.
+*/}}
+{{- define "gpu-scheduler.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-test" (include "gpu-scheduler.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{/*
+Labels of the helm test objects.
+*/}}
+{{- define "gpu-scheduler.testLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler.chart" . }}
+{{ include "gpu-scheduler.testSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
+URL the health test checks: tests.schedulerUrl, else the health Service when the
+scheduler runs in the cluster, else nothing (no health test pod).
+*/}}
+{{- define "gpu-scheduler.testSchedulerUrl" -}}
+{{- if .Values.tests.schedulerUrl }}
+{{- .Values.tests.schedulerUrl }}
+{{- else if gt (int .Values.replicaCount) 0 }}
+{{- printf "http://%s.%s.svc:%v/healthz" (include "gpu-scheduler.fullname" .) .Release.Namespace .Values.service.port }}
+{{- end }}
+{{- end }}
+
+{{/*
 ServiceAccount of the scheduler.
 */}}
 {{- define "gpu-scheduler.serviceAccountName" -}}
@@ -319,6 +353,37 @@ Fail early on webhook settings that cannot work.
 {{- fail "webhook.existingSecret excludes webhook.tls and webhook.certManager" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+NetworkPolicy egress rule to the kube-apiserver (networkPolicy.apiserver): its ports,
+towards its peers (any address when none are given).
+*/}}
+{{- define "gpu-scheduler.apiserverEgress" -}}
+- ports:
+    {{- range .Values.networkPolicy.apiserver.ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+  {{- with .Values.networkPolicy.apiserver.peers }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/*
+NetworkPolicy egress rule to DNS (networkPolicy.egress.dnsPeers; any address when none).
+*/}}
+{{- define "gpu-scheduler.dnsEgress" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+  {{- with .Values.networkPolicy.egress.dnsPeers }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end }}
 
 {{/*

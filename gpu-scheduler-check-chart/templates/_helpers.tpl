@@ -57,6 +57,36 @@ app.kubernetes.io/part-of: gpu-scheduler
 {{- end }}
 
 {{/*
+Selector labels of the check pods (the NetworkPolicy's podSelector): the selector
+labels and the component, so no other pod of the release (the helm test pod) matches.
+*/}}
+{{- define "gpu-scheduler-check.checkPodSelectorLabels" -}}
+{{ include "gpu-scheduler-check.selectorLabels" . }}
+app.kubernetes.io/component: check
+{{- end }}
+
+{{/*
+Selector labels of the helm test pod: its own app.kubernetes.io/name "<name>-test", so
+the StatefulSet's selector and the headless Service never pick it.
+*/}}
+{{- define "gpu-scheduler-check.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-test" (include "gpu-scheduler-check.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{/*
+Labels of the helm test objects.
+*/}}
+{{- define "gpu-scheduler-check.testLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler-check.chart" . }}
+{{ include "gpu-scheduler-check.testSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
 ServiceAccount name of the check pods.
 */}}
 {{- define "gpu-scheduler-check.serviceAccountName" -}}

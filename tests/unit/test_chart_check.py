@@ -159,6 +159,56 @@ def test_headless_service() -> None:
     assert svc["spec"]["selector"] == SELECTOR
 
 
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_network_policies() -> None:
+    """On by default: the check pods accept only the check port and connect nowhere; the
+    helm test pod accepts nothing (its egress goes to the apiserver)."""
+    docs = render(CHART, namespace=NS)
+    check = one(docs, "NetworkPolicy", FULL)["spec"]
+    assert check["podSelector"] == {"matchLabels": {**SELECTOR, "app.kubernetes.io/component": "check"}}
+    assert check["policyTypes"] == ["Ingress", "Egress"]
+    assert check["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert "egress" not in check  # Egress without rules: no connection out
+    tests = one(docs, "NetworkPolicy", f"{FULL}-test")["spec"]
+    assert tests["policyTypes"] == ["Ingress"] and "ingress" not in tests
+    # Each selects its own pods only.
+    pod_labels = sts(docs)["spec"]["template"]["metadata"]["labels"]
+    (test_pod,) = [d for d in find(docs, "Pod") if is_hook(d)]
+    test_labels = test_pod["metadata"]["labels"]
+    assert selects(check["podSelector"]["matchLabels"], pod_labels)
+    assert not selects(check["podSelector"]["matchLabels"], test_labels)
+    assert selects(tests["podSelector"]["matchLabels"], test_labels)
+    assert not selects(tests["podSelector"]["matchLabels"], pod_labels)
+    # Neither the StatefulSet nor the headless Service picks the test pod.
+    assert not selects(SELECTOR, test_labels)
+    # Peers, and off.
+    peers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    docs = render(CHART, values={"networkPolicy": {"from": peers}})
+    assert one(docs, "NetworkPolicy", FULL)["spec"]["ingress"][0]["from"] == peers
+    assert not find(render(CHART, set_args=["networkPolicy.enabled=false"]), "NetworkPolicy")
+    assert [
+        d["metadata"]["name"] for d in find(render(CHART, set_args=["tests.enabled=false"]), "NetworkPolicy")
+    ] == [FULL]
+    assert template(CHART, set_args=["networkPolicy.form[0].x=1"]).returncode != 0
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_every_container_bounds_its_ephemeral_storage(values_file: Path) -> None:
+    for doc in render(CHART, [values_file]):
+        if doc["kind"] not in ("StatefulSet", "Pod"):
+            continue
+        spec = pod_spec(doc)
+        for c in spec["containers"]:
+            assert c["resources"]["requests"]["ephemeral-storage"], doc["metadata"]["name"]
+            assert c["resources"]["limits"]["ephemeral-storage"], doc["metadata"]["name"]
+        for v in spec.get("volumes", []):
+            if "emptyDir" in v:
+                assert v["emptyDir"]["sizeLimit"], doc["metadata"]["name"]
+
+
 @pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
 def test_restricted_security_context(values_file: Path) -> None:
     for doc in render(CHART, [values_file]):

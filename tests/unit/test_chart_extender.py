@@ -126,6 +126,40 @@ def test_network_policy_admits_only_kube_scheduler_to_the_extender() -> None:
     assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "kube-scheduler"
 
 
+def test_kube_scheduler_network_policy() -> None:
+    """kube-scheduler accepts only its secure port; with egress restricted it reaches the
+    apiserver, DNS (its extender URL is a Service name) and the scheduler pods' extender port."""
+    docs = render(CHART, values=extender_values())
+    spec = one(docs, "NetworkPolicy", KUBE_SCHEDULER)["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "kube-scheduler"
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{"ports": [{"port": 10259, "protocol": "TCP"}]}]
+    docs = render(CHART, values={**extender_values(), "networkPolicy": {"egress": {"enabled": True}}})
+    spec = one(docs, "NetworkPolicy", KUBE_SCHEDULER)["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    apiserver, dns, extender = spec["egress"]
+    assert [p["port"] for p in apiserver["ports"]] == [443, 6443]
+    assert [(p["port"], p["protocol"]) for p in dns["ports"]] == [(53, "UDP"), (53, "TCP")]
+    assert extender["ports"] == [{"port": 8443, "protocol": "TCP"}]
+    (peer,) = extender["to"]
+    assert peer["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpu-scheduler",
+        "app.kubernetes.io/instance": "rel",
+    }
+    # The extender outside the cluster (extender.url): its address is the user's, so open.
+    docs = render(
+        CHART,
+        values={
+            **extender_values(url="https://10.1.2.3:8443"),
+            "replicaCount": 0,
+            "networkPolicy": {"egress": {"enabled": True}},
+        },
+    )
+    assert one(docs, "NetworkPolicy", KUBE_SCHEDULER)["spec"]["egress"][-1] == {}
+    c = pod_spec(one(docs, "Deployment", KUBE_SCHEDULER))["containers"][0]
+    assert c["resources"]["requests"]["ephemeral-storage"] and c["resources"]["limits"]["ephemeral-storage"]
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -41,6 +41,11 @@ KUBE_SCHEDULER_SELECTOR = {
     "app.kubernetes.io/instance": REL,
     "app.kubernetes.io/component": "kube-scheduler",
 }
+TEST_SELECTOR = {
+    "app.kubernetes.io/name": "gpu-scheduler-test",
+    "app.kubernetes.io/instance": REL,
+    "app.kubernetes.io/component": "test",
+}
 
 
 def webhook_values(**extra: Any) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def test_ci_scenarios_are_the_documented_ones() -> None:
 
 def test_defaults_are_scheduler_only() -> None:
     docs = render(CHART)
-    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {"Service", "Deployment"}
+    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {"Service", "Deployment", "NetworkPolicy"}
     dep = one(docs, "Deployment")
     assert dep["metadata"]["name"] == FULL
     assert [c["name"] for c in pod_spec(dep)["containers"]] == ["scheduler"]
@@ -117,6 +122,8 @@ def test_defaults_are_scheduler_only() -> None:
         "webhook.certManager.enable=true",
         "image.tags=v1",
         "podDisruptionBudget.maxUnavailable=1",
+        "networkPolicy.egress.enable=true",
+        "networkPolicy.apiserver.cidrs=10.0.0.0/8",
     ],
 )
 def test_schema_rejects_misspelled_keys(bad: str) -> None:
@@ -190,8 +197,9 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 @pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
 def test_every_selector_selects_one_component(values_file: Path) -> None:
     """The scheduler's selectors (Deployment, Service, PDB, NetworkPolicy, anti-affinity)
-    select scheduler pods only, the webhook's webhook pods only. The scheduler
-    Deployment's selector is the old chart's (immutable on upgrade)."""
+    select scheduler pods only, the webhook's webhook pods only, the tests' NetworkPolicy
+    the helm test pods only. The scheduler Deployment's selector is the old chart's
+    (immutable on upgrade)."""
     docs = render(CHART, [values_file])
     pods = {
         d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"][
@@ -199,6 +207,9 @@ def test_every_selector_selects_one_component(values_file: Path) -> None:
         ]["labels"]
         for d in find(docs, "Deployment")
     }
+    test_pods = [d["metadata"]["labels"] for d in find(docs, "Pod") if is_hook(d)]
+    assert test_pods and all(labels == test_pods[0] for labels in test_pods)
+    pods["test"] = test_pods[0]
     assert scheduler_deployment(docs)["spec"]["selector"] == {"matchLabels": SELECTOR}
     selectors: list[tuple[str, dict[str, str]]] = []
     for doc in docs:
@@ -221,9 +232,13 @@ def test_every_selector_selects_one_component(values_file: Path) -> None:
     assert selectors
     for name, selector in selectors:
         selected = [component for component, labels in pods.items() if matches(selector, labels)]
-        expected = {WEBHOOK: "webhook", KUBE_SCHEDULER: "kube-scheduler"}.get(name, "scheduler")
+        expected = {WEBHOOK: "webhook", KUBE_SCHEDULER: "kube-scheduler", f"{FULL}-test": "test"}.get(
+            name, "scheduler"
+        )
         assert selected == [expected], f"{name}: {selector} selects {selected}"
-        assert selector in (SELECTOR, WEBHOOK_SELECTOR, KUBE_SCHEDULER_SELECTOR), f"{name}: {selector}"
+        assert selector in (SELECTOR, WEBHOOK_SELECTOR, KUBE_SCHEDULER_SELECTOR, TEST_SELECTOR), (
+            f"{name}: {selector}"
+        )
 
 
 def test_upgrade_from_the_single_deployment_chart_keeps_the_scheduler_deployment() -> None:
@@ -451,8 +466,8 @@ def test_webhook_deployment_container_and_service() -> None:
         assert c[probe]["httpGet"] == {"path": path, "port": "webhook", "scheme": "HTTPS"}
     assert {"name": "webhook-certs", "mountPath": "/etc/webhook/certs", "readOnly": True} in c["volumeMounts"]
     assert c["resources"] == {
-        "requests": {"cpu": "50m", "memory": "96Mi"},
-        "limits": {"cpu": "500m", "memory": "256Mi"},
+        "requests": {"cpu": "50m", "memory": "96Mi", "ephemeral-storage": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
     }
     spec = pod_spec(dep)
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -536,6 +551,109 @@ def test_network_policies_per_component() -> None:
     hook = one(docs, "NetworkPolicy", WEBHOOK)["spec"]
     assert hook["podSelector"] == {"matchLabels": WEBHOOK_SELECTOR}
     assert hook["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+
+
+TEST_PEER = {"podSelector": {"matchLabels": TEST_SELECTOR}}
+APISERVER_RULE = {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+DNS_RULE = {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+
+
+def test_network_policies_by_default_restrict_ingress_only() -> None:
+    """On by default: each component accepts only the port it serves, the helm test pods
+    nothing; egress stays open until networkPolicy.egress.enabled."""
+    docs = render(CHART, values=webhook_values())
+    policies = {d["metadata"]["name"]: d["spec"] for d in find(docs, "NetworkPolicy")}
+    assert set(policies) == {FULL, WEBHOOK, f"{FULL}-test"}
+    for spec in policies.values():
+        assert spec["policyTypes"] == ["Ingress"]
+        assert "egress" not in spec
+    assert policies[FULL]["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert policies[WEBHOOK]["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    tests = policies[f"{FULL}-test"]
+    assert tests["podSelector"] == {"matchLabels": TEST_SELECTOR}
+    assert "ingress" not in tests  # policyTypes Ingress without rules: nothing may connect
+    assert not find(render(CHART, values={"networkPolicy": {"enabled": False}}), "NetworkPolicy")
+
+
+def test_network_policy_peers_keep_the_helm_test_pods_in() -> None:
+    health = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    apiserver = [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]
+    docs = render(
+        CHART,
+        values={
+            **webhook_values(),
+            "networkPolicy": {"healthFrom": health, "apiserver": {"peers": apiserver}},
+        },
+    )
+    (sched,) = one(docs, "NetworkPolicy", FULL)["spec"]["ingress"]
+    assert sched["from"] == [*health, TEST_PEER]
+    (hook,) = one(docs, "NetworkPolicy", WEBHOOK)["spec"]["ingress"]
+    assert hook == {"ports": [{"port": 8443, "protocol": "TCP"}], "from": [*apiserver, TEST_PEER]}
+    # The test pods' labels are what the peer selects, and nothing else of the release selects them.
+    pods = [d for d in find(docs, "Pod") if is_hook(d)]
+    assert len(pods) == 2
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert matches(TEST_SELECTOR, labels)
+        assert not matches(SELECTOR, labels) and not matches(WEBHOOK_SELECTOR, labels)
+
+
+def test_network_policy_egress() -> None:
+    values = {
+        **webhook_values(),
+        "networkPolicy": {
+            "egress": {"enabled": True},
+            "apiserver": {"peers": [{"ipBlock": {"cidr": "192.0.2.0/28"}}], "ports": [8443]},
+        },
+    }
+    docs = render(CHART, values=values)
+    policies = {d["metadata"]["name"]: d["spec"] for d in find(docs, "NetworkPolicy")}
+    apiserver = {"ports": [{"port": 8443, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "192.0.2.0/28"}}]}
+    for name in (FULL, WEBHOOK):
+        assert policies[name]["policyTypes"] == ["Ingress", "Egress"], name
+        assert policies[name]["egress"] == [apiserver], name
+    tests = policies[f"{FULL}-test"]
+    assert tests["policyTypes"] == ["Ingress", "Egress"]
+    assert tests["egress"] == [
+        DNS_RULE,
+        {"ports": [{"port": 8080, "protocol": "TCP"}], "to": [{"podSelector": {"matchLabels": SELECTOR}}]},
+        {
+            "ports": [{"port": 8443, "protocol": "TCP"}],
+            "to": [{"podSelector": {"matchLabels": WEBHOOK_SELECTOR}}],
+        },
+    ]
+    # Defaults: the apiserver on 443 or 6443 anywhere; DNS towards dnsPeers when given.
+    dns_peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]
+    docs = render(CHART, values={"networkPolicy": {"egress": {"enabled": True, "dnsPeers": dns_peers}}})
+    assert one(docs, "NetworkPolicy", FULL)["spec"]["egress"] == [APISERVER_RULE]
+    assert one(docs, "NetworkPolicy", f"{FULL}-test")["spec"]["egress"][0] == {**DNS_RULE, "to": dns_peers}
+    # tests.schedulerUrl points somewhere of the user's: the test pod's egress is left open.
+    docs = render(
+        CHART,
+        values={
+            "networkPolicy": {"egress": {"enabled": True}},
+            "tests": {"schedulerUrl": "http://10.1.2.3:8080/healthz"},
+        },
+    )
+    tests = one(docs, "NetworkPolicy", f"{FULL}-test")["spec"]
+    assert tests["policyTypes"] == ["Ingress"] and "egress" not in tests
+
+
+@pytest.mark.parametrize("values_file", ci_values(CHART), ids=lambda p: p.name)
+def test_every_container_bounds_its_ephemeral_storage(values_file: Path) -> None:
+    """Requests and limits of ephemeral-storage on every container (the helm test pods
+    included), and a sizeLimit on every emptyDir, so no pod can fill its node's disk."""
+    for doc in render(CHART, [values_file]):
+        if doc["kind"] not in ("Deployment", "Pod"):
+            continue
+        spec = pod_spec(doc)
+        for c in spec["containers"]:
+            res = c["resources"]
+            assert res["requests"]["ephemeral-storage"], (doc["metadata"]["name"], c["name"])
+            assert res["limits"]["ephemeral-storage"], (doc["metadata"]["name"], c["name"])
+        for v in spec.get("volumes", []):
+            if "emptyDir" in v:
+                assert v["emptyDir"]["sizeLimit"], (doc["metadata"]["name"], v["name"])
 
 
 def test_mutating_webhook_configuration() -> None:
@@ -627,7 +745,7 @@ def test_webhook_url_mode_renders_only_the_configurations() -> None:
     dep = one(docs, "Deployment")
     assert dep["metadata"]["name"] == FULL
     assert [c["name"] for c in pod_spec(dep)["containers"]] == ["scheduler"]
-    assert not find(docs, "PodDisruptionBudget") and not find(docs, "NetworkPolicy")
+    assert not find(docs, "PodDisruptionBudget") and not find(docs, "NetworkPolicy", WEBHOOK)
     assert not find(docs, "Secret") and not find(docs, "Service", WEBHOOK)
     assert one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["clientConfig"]["url"] == f"{url}/mutate"
 
@@ -851,7 +969,8 @@ def test_ha_scenario_has_pdb_and_anti_affinity() -> None:
     assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": SELECTOR}
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     for policy in find(docs, "NetworkPolicy"):
-        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["egress"], policy["metadata"]["name"]
     assert webhook_deployment(docs)["spec"]["replicas"] == 2
 
 
@@ -868,7 +987,7 @@ def test_explicit_affinity_wins() -> None:
 
 
 def test_optional_features_are_off_by_default() -> None:
-    assert not {"NetworkPolicy", "ServiceMonitor", "PodDisruptionBudget"} & kinds(render(CHART))
+    assert not {"ServiceMonitor", "PodDisruptionBudget"} & kinds(render(CHART))
 
 
 def test_service_monitor() -> None:
@@ -959,6 +1078,16 @@ def test_notes_tell_what_to_run_next(tmp_path: Path) -> None:
     assert f"mutatingwebhookconfiguration,validatingwebhookconfiguration {WEBHOOK}" in text
     assert f"{WEBHOOK}-tls" in text
     assert f"rollout status deployment/{WEBHOOK}" in text
+    # The webhook's NetworkPolicy admits any address until the apiserver's are given.
+    assert "set\n   networkPolicy.apiserver.peers" in text
+    text = render_notes(
+        CHART,
+        tmp_path / "3",
+        "webhook.enabled=true",
+        f"webhook.caBundle={CA}",
+        "networkPolicy.apiserver.peers[0].ipBlock.cidr=10.0.0.10/32",
+    )
+    assert "networkPolicy.apiserver.peers" not in text
 
 
 def documented_keys(values_yaml: Path) -> list[str]:
