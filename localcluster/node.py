@@ -133,8 +133,12 @@ class RealNode:
         return self.dir / "host-state.json"
 
     @property
+    def sock_dir(self) -> Path:
+        return socket_dir(self.dir)
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.dir / "containerd" / "containerd.sock"
+        return self.sock_dir / "containerd.sock"
 
     @property
     def kubelet_log(self) -> Path:
@@ -224,7 +228,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   address = "{self.containerd_socket}"
 
 [ttrpc]
-  address = "{cd / "containerd.sock.ttrpc"}"
+  address = "{self.sock_dir / "containerd.sock.ttrpc"}"
 
 [debug]
   level = "warn"
@@ -258,6 +262,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     max_conf_num = 1
 """
         cd.mkdir(parents=True, exist_ok=True)
+        self.sock_dir.mkdir(parents=True, exist_ok=True)
         (cd / "config.toml").write_text(config)
         proc = spawn("containerd", [str(self.bins.containerd), f"--config={cd / 'config.toml'}"])
         # The node lives as long as its containerd (also when the Python that started it has
@@ -368,7 +373,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
                 f"--kubeconfig={kubeconfig}",
                 f"--hostname-override={NODE_NAME}",
                 f"--node-ip={GATEWAY}",
-                f"--root-dir={kdir / 'root'}",
+                f"--root-dir={self.sock_dir / 'kubelet'}",
                 f"--cert-dir={kdir / 'pki'}",
                 "--node-labels=type=real,gpu-scheduler.dev/localcluster-node=real",
                 "--v=1",
@@ -419,6 +424,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             if p is not None:
                 p.stop(timeout=10)
         cleanup_host(self.dir, containerd=(procs or {}).get("containerd"))
+
+
+def socket_dir(node_dir: Path) -> Path:
+    """containerd's sockets and the kubelet's root (which holds sockets too): a Unix socket's
+    path may hold 104 bytes, and a test's work folder is longer. One short folder per node."""
+    import hashlib
+
+    return Path("/var/lib") / f"gs-node-{hashlib.sha256(str(Path(node_dir).resolve()).encode()).hexdigest()[:10]}"
 
 
 def _kill_pids(pids: set[int]) -> None:
@@ -506,7 +519,7 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
     _kill_pids(_shim_pids(node_dir))
     if containerd is not None:
         containerd.stop(timeout=10)
-    for mnt in sorted(_mounts_under(node_dir), key=len, reverse=True):
+    for mnt in sorted(_mounts_under(node_dir) + _mounts_under(socket_dir(node_dir)), key=len, reverse=True):
         res = _run("umount", "-l", mnt, check=False)
         if res.returncode != 0 and Path(mnt).exists():
             problems.append(f"umount {mnt}: {res.stderr.strip()}")
@@ -517,6 +530,7 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
             _sysctl_path(name).write_text(value)
         except OSError as e:
             problems.append(f"sysctl {name}={value}: {e}")
+    shutil.rmtree(socket_dir(node_dir), ignore_errors=True)
     if state and not state.get("run_containerd_existed"):
         shutil.rmtree("/run/containerd", ignore_errors=True)
     with contextlib.suppress(FileNotFoundError, ValueError, OSError):
@@ -539,9 +553,11 @@ def host_snapshot() -> dict[str, Any]:
         "nft_tables": sorted(t.strip() for t in tables if t.strip()),
         "sysctls": {s: _sysctl_path(s).read_text().strip() for s in SYSCTLS},
         "cgroups": sorted(str(h / CGROUP_ROOT) for h in cgroup_hierarchies() if (h / CGROUP_ROOT).exists()),
+        # Mounts a node makes: under a node's work folder or its short folder in /var/lib.
         "mounts": sorted(
-            line.split()[4]
-            for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if "/node/" in line.split()[4]
+            m
+            for m in (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+            if "/node/containerd/" in m or "/var/lib/gs-node-" in m or "/node/kubelet/" in m
         ),
+        "node_dirs": sorted(str(p) for p in Path("/var/lib").glob("gs-node-*")),
     }
