@@ -286,13 +286,19 @@ def test_helm_uninstall_leaves_nothing_behind(product: Product) -> None:
         "rolebindings,leases,poddisruptionbudgets,networkpolicies"
     )
     selector = f"app.kubernetes.io/instance={product.release}"
-    left = cluster.kubectl("get", kinds, "-n", product.namespace, "-l", selector, "-o", "name").stdout.split()
     cluster_kinds = (
         "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations,"
         "validatingadmissionpolicies,validatingadmissionpolicybindings"
     )
-    left += cluster.kubectl("get", cluster_kinds, "-l", selector, "-o", "name").stdout.split()
-    assert left == [], left
+
+    def left() -> list[str]:
+        out = cluster.kubectl("get", kinds, "-n", product.namespace, "-l", selector, "-o", "name").stdout.split()
+        return out + cluster.kubectl("get", cluster_kinds, "-l", selector, "-o", "name").stdout.split()
+
+    # Cluster-scoped objects and the workloads go at once; the pods once their grace period
+    # (the webhook's preStop sleep and drain) is over.
+    assert not [o for o in left() if not o.startswith("pod/")], left()
+    wait_for(lambda: left() == [], timeout=120, interval=2, what="every object of the release gone")
     # The containers are gone from the node too (only the kube-system-free node: nothing else runs there).
     assert cluster.node is not None
     wait_for(
