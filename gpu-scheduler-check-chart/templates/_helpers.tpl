@@ -157,3 +157,19 @@ argocd.argoproj.io/hook-delete-policy: BeforeHookCreation,HookSucceeded
 argocd.argoproj.io/sync-wave: "0"
 {{- end -}}
 {{- end }}
+
+{{/*
+Placement of the hook pods (hookPods): nodeSelector and tolerations, at the pod spec's
+indentation. They only call the API, so they go where the scheduler and the webhook run
+(control-plane nodes by default), never to the GPU nodes the map names.
+*/}}
+{{- define "gpu-scheduler-check.hookPodPlacement" -}}
+{{- with .Values.hookPods.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.hookPods.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

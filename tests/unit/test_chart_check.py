@@ -291,6 +291,43 @@ def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() ->
     assert args[args.index("--timeout") + 1] == "15"
 
 
+def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() -> None:
+    """The verification pod (helm test, Argo CD Sync hook) only calls the API: by default it
+    goes where gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes,
+    its NoSchedule taint tolerated), never to the GPU nodes; the StatefulSet keeps its own
+    tolerations and no nodeSelector (the map places it)."""
+    control_plane = [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    docs = render(CHART)
+    hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
+    assert hook_pods
+    for pod in hook_pods:
+        assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+        assert pod["spec"]["tolerations"] == control_plane
+    spec = pod_spec(sts(docs))
+    assert "nodeSelector" not in spec and "tolerations" not in spec
+    # Where no control-plane node is visible (a managed control plane): turned off. A map
+    # is merged with the default (`{}` keeps it): null removes it.
+    (pod,) = find(render(CHART, values={"hookPods": {"nodeSelector": None, "tolerations": []}}), "Pod")
+    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+    (pod,) = find(
+        render(
+            CHART,
+            values={
+                "hookPods": {
+                    "nodeSelector": {"node-role.kubernetes.io/control-plane": None, "pool": "system"}
+                }
+            },
+        ),
+        "Pod",
+    )
+    assert pod["spec"]["nodeSelector"] == {"pool": "system"}
+    res = template(CHART, values={"hookPods": {"nodeselector": {}}})
+    assert res.returncode != 0 and "nodeselector" in res.stderr
+
+
 def test_long_release_names_fit_pod_names() -> None:
     docs = render(CHART, release="r" * 53)
     name = sts(docs)["metadata"]["name"]
