@@ -425,9 +425,10 @@ class HookPods:
         self.pods: dict[str, dict[str, Any]] = {}
         self.error = ""
         self._lock = threading.Lock()
+        self._api = cluster.api_client()
         self._watch = watch.Watch()
         self._stream = self._watch.stream(
-            client.CoreV1Api(cluster.api_client()).list_pod_for_all_namespaces, timeout_seconds=3600
+            client.CoreV1Api(self._api).list_pod_for_all_namespaces, timeout_seconds=3600
         )
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -461,8 +462,11 @@ class HookPods:
             return [dict(v) for v in self.pods.values()]
 
     def stop(self) -> None:
+        """Stop watching. The thread ends at the next event, or when the control plane stops and
+        the connection closes (a daemon thread: nothing waits for it)."""
         self._watch.stop()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=1)
+        self._api.close()
 
 
 def component_pods(cluster: Cluster) -> list[dict[str, Any]]:
