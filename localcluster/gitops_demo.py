@@ -525,6 +525,7 @@ class Outcome:
     """What the demo saw once both Applications settled (or the time ran out)."""
 
     synced: bool  # both Applications Synced and Healthy, their sync operations Succeeded
+    settled: bool  # the RollingSync over: both steps Healthy, no sync queued or running
     timeline: Timeline
     components: list[dict[str, Any]]
     hooks: list[dict[str, Any]]
@@ -555,15 +556,39 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.synced and self.components_ok and self.hooks_ok and self.placed
+        return self.synced and self.settled and self.components_ok and self.hooks_ok and self.placed
+
+
+COMPLETE_APPSET = "gpu-scheduler-complete"
+
+
+def rollout_settled(cluster: Cluster) -> tuple[bool, dict[str, Any]]:
+    """Whether the RollingSync is over: the ApplicationSet reports both Applications Healthy
+    (it stops triggering syncs) and neither has a sync queued or running; with the check
+    Application's last sync operation. While the ApplicationSet waits to see step 2 start it
+    may trigger its sync again, so a Succeeded sync can be followed by another one."""
+    appset = get(cluster, "applicationsets.argoproj.io", COMPLETE_APPSET, "-n", "argocd")
+    steps = {
+        s["application"]: s.get("status") for s in appset.get("status", {}).get("applicationStatus") or []
+    }
+    settled = set(steps) == set(APPS) and all(s == "Healthy" for s in steps.values())
+    op: dict[str, Any] = {}
+    for name in APPS:
+        app = get(cluster, "applications.argoproj.io", name, "-n", "argocd")
+        op = app.get("status", {}).get("operationState") or {}
+        settled = settled and not app.get("operation") and op.get("phase") == "Succeeded"
+    return settled, op
 
 
 def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 300) -> Outcome:
     """Apply argocd/ (repository URL and image rewritten) to a control plane with a real node,
     cert-manager and Argo CD running, and follow it until both Applications are Synced and
-    Healthy, the scheduler and the webhook pods Ready on the real node, or ``timeout``."""
+    Healthy, the scheduler and the webhook pods Ready on the real node and the RollingSync
+    settled (no sync queued or running), or ``timeout``."""
     tl = Timeline()
     hooks = HookPods(cluster)
+    op: dict[str, Any] = {}
+    settled = False
     try:
         apply_argocd(
             cluster,
@@ -581,22 +606,18 @@ def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 
             components = component_pods(cluster)
             observe_pods(tl, components, hooks.seen())
             if synced and components and all(r["ready"] for r in components):
-                break
+                settled, op = rollout_settled(cluster)
+                if settled:
+                    break
             time.sleep(0.5)
         # A pod's last events (its exit, its deletion) arrive within a moment of Argo CD's record.
         time.sleep(1)
         observe_pods(tl, components, hooks.seen())
     finally:
         hooks.stop()
-    op = (
-        get(cluster, "applications.argoproj.io", APPS[1], "-n", "argocd")
-        .get("status", {})
-        .get("operationState")
-        or {}
-    )
     results = [r for r in (op.get("syncResult") or {}).get("resources") or [] if r.get("hookType")]
     placement, placed = placement_table(cluster)
-    return Outcome(synced, tl, components, hooks.seen(), results, placement, placed)
+    return Outcome(synced, settled, tl, components, hooks.seen(), results, placement, placed)
 
 
 def report(outcome: Outcome) -> None:
@@ -669,6 +690,7 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
                     what
                     for what, good in (
                         ("Applications not Synced+Healthy or their syncs not Succeeded", outcome.synced),
+                        ("the RollingSync did not settle (a sync still queued or running)", outcome.settled),
                         (f"scheduler/webhook not Ready pods on {NODE_NAME}", outcome.components_ok),
                         (f"the verification hook did not Succeed on {NODE_NAME}", outcome.hooks_ok),
                         ("placement wrong", outcome.placed),

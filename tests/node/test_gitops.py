@@ -52,6 +52,10 @@ def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_ima
             "get", "applications.argoproj.io", "-n", "argocd", "-o", "yaml"
         ).stdout
         assert outcome.placed, outcome.placement
+        # The RollingSync is over: no sync of either Application is queued or running.
+        assert outcome.settled, get(
+            c, "applicationsets.argoproj.io", "gpu-scheduler-complete", "-n", "argocd"
+        )
 
         # The scheduler and the webhook: Argo CD's Deployments, running as containers on the
         # real kubelet node from the image built here, Ready.
