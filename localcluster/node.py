@@ -107,6 +107,28 @@ def preflight() -> None:
         raise NodeUnavailable(f"no cgroup hierarchy is mounted under {CGROUP_FS}")
 
 
+CLUSTER_DOMAIN = "cluster.local"
+# CoreDNS's identity and what it may read (as upstream's coredns ClusterRole).
+COREDNS_RBAC = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "localcluster:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "localcluster:coredns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "localcluster:coredns"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}],
+    },
+]
+
+
 @dataclass
 class NodeBinaries:
     kubelet: Path
@@ -116,6 +138,7 @@ class NodeBinaries:
     ctr: Path
     pause_archive: Path
     pause_ref: str
+    coredns: Path
 
 
 class RealNode:
@@ -347,6 +370,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             # owns the node's packet rules, in tables of its own.
             "makeIPTablesUtilChains": False,
             "resolvConf": "/etc/resolv.conf",
+            # The pods' nameserver: CoreDNS on the bridge's address (start_coredns).
+            "clusterDNS": [GATEWAY],
+            "clusterDomain": CLUSTER_DOMAIN,
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             # A shared CI machine: evict only when the host is nearly out of room.
@@ -380,6 +406,40 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             ],
         )
         return port
+
+    def start_coredns(
+        self,
+        spawn: Callable[[str, Sequence[str]], ManagedProcess],
+        pki: LocalPKI,
+        server: str,
+        ca_file: Path,
+        kubeconfig_yaml: Callable[..., str],
+        free_port: Callable[[], int],
+    ) -> str:
+        """Cluster DNS for the node's pods (Service and pod names under cluster.local), as the
+        kubelet's clusterDNS. Upstream infrastructure, like kube-proxy: a process on the node.
+        Returns the URL of its health endpoint."""
+        crt, key = pki.issue("coredns", "system:coredns")
+        kubeconfig = self.dir / "coredns.kubeconfig"
+        kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "coredns", crt, key))
+        health = f"127.0.0.1:{free_port()}"
+        corefile = self.dir / "Corefile"
+        corefile.write_text(
+            f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {GATEWAY}
+    errors
+    health {health}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 5
+}}
+"""
+        )
+        spawn("coredns", [str(self.bins.coredns), "-conf", str(corefile)])
+        return f"http://{health}/health"
 
     def start_kube_proxy(
         self,
@@ -419,7 +479,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     # ------------------------------------------------------------------ stop
     def stop(self, procs: dict[str, ManagedProcess] | None = None) -> None:
         """Stop kubelet, kube-proxy, the containers and containerd; give the host back."""
-        for name in ("kube-proxy", "kubelet"):
+        for name in ("kube-proxy", "kubelet", "coredns"):
             p = (procs or {}).get(name)
             if p is not None:
                 p.stop(timeout=10)
