@@ -54,6 +54,8 @@ KWOK_NODE_IP = "10.0.0.1/32"
 CGROUP_ROOT = "gpu-scheduler-node"
 CGROUP_FS = Path("/sys/fs/cgroup")
 LOCK_FILE = Path("/run/gpu-scheduler-node.lock")
+# The kubelet links every container's log here (a fixed path), to files in its podLogsDir.
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # Sysctls the kubelet (protectKernelDefaults: false) or the CNI bridge set; restored on stop.
 SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
 NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
@@ -177,6 +179,7 @@ class RealNode:
             "workdir": str(self.dir),
             "sysctls": {s: _sysctl_path(s).read_text().strip() for s in SYSCTLS if _sysctl_path(s).exists()},
             "run_containerd_existed": Path("/run/containerd").exists(),
+            "container_log_links_existed": CONTAINER_LOG_LINKS.exists(),
         }
         self.state_file.write_text(json.dumps(state, indent=2))
         # Leftovers of a run that died without its cleanup: give them back first.
@@ -364,7 +367,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             },
             "authorization": {"mode": "Webhook"},
             "registerWithTaints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
-            "podLogsDirectory": str(self.dir / "pod-logs"),
+            # The kubelet's own name for it (an unknown key is ignored: lenient decoding).
+            "podLogsDir": str(self.dir / "pod-logs"),
             "failSwapOn": False,
             # No KUBE-FIREWALL / canary chains in the host's iptables: kube-proxy (nftables)
             # owns the node's packet rules, in tables of its own.
@@ -591,6 +595,16 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
         except OSError as e:
             problems.append(f"sysctl {name}={value}: {e}")
     shutil.rmtree(socket_dir(node_dir), ignore_errors=True)
+    # The kubelet's links to this node's container logs, and the folder if it made it.
+    if CONTAINER_LOG_LINKS.is_dir():
+        logs = str(node_dir / "pod-logs")
+        for link in CONTAINER_LOG_LINKS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(logs):
+                    link.unlink()
+        if state and not state.get("container_log_links_existed"):
+            with contextlib.suppress(OSError):
+                CONTAINER_LOG_LINKS.rmdir()
     if state and not state.get("run_containerd_existed"):
         shutil.rmtree("/run/containerd", ignore_errors=True)
     with contextlib.suppress(FileNotFoundError, ValueError, OSError):
@@ -620,4 +634,7 @@ def host_snapshot() -> dict[str, Any]:
             if "/node/containerd/" in m or "/var/lib/gs-node-" in m or "/node/kubelet/" in m
         ),
         "node_dirs": sorted(str(p) for p in Path("/var/lib").glob("gs-node-*")),
+        "container_log_links": sorted(p.name for p in CONTAINER_LOG_LINKS.iterdir())
+        if CONTAINER_LOG_LINKS.is_dir()
+        else None,
     }
