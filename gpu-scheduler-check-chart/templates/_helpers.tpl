@@ -127,3 +127,19 @@ argocd.argoproj.io/hook-delete-policy: BeforeHookCreation,HookSucceeded
 argocd.argoproj.io/sync-wave: "0"
 {{- end -}}
 {{- end }}
+
+{{/*
+Hook annotations of the wait-ready Pod and its RBAC (templates/wait-ready.yaml), called with
+(dict "weight" "-N"): Helm runs them before install and before every upgrade, in weight order
+(RBAC, then the Pod), and deletes them once every hook of the phase succeeded; Argo CD runs
+them as Sync hooks in wave "-1", before wave 0's StatefulSet and verification hook. Argo CD
+ignores the helm.sh annotations when its own are present, Helm ignores Argo CD's.
+*/}}
+{{- define "gpu-scheduler-check.waitReadyHook" -}}
+helm.sh/hook: pre-install,pre-upgrade
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+argocd.argoproj.io/hook: Sync
+argocd.argoproj.io/hook-delete-policy: BeforeHookCreation,HookSucceeded
+argocd.argoproj.io/sync-wave: "-1"
+{{- end }}

@@ -338,3 +338,17 @@ def test_validate_script_pins_the_argocd_version() -> None:
     script = (ARGOCD / "validate.sh").read_text()
     assert "ARGOCD_VERSION" in script and "--dry-run=server" in script
     assert "go mod download" in script
+
+
+def test_every_namespace_the_check_chart_writes_to_is_a_project_destination(project: dict[str, Any]) -> None:
+    """The check chart's wait hook reads the scheduler's Lease through a Role in the scheduler's
+    namespace: the check Application writes there too, so the project must allow it."""
+    allowed = {d["namespace"] for d in project["spec"]["destinations"] if d["server"] == SERVER}
+    docs = [
+        d
+        for d in render(CHECK_CHART, namespace=NAMESPACES["gpu-scheduler-check-chart"])
+        if not is_hook(d) or "argocd.argoproj.io/hook" in d["metadata"].get("annotations", {})
+    ]
+    written = {d["metadata"].get("namespace") for d in docs}
+    assert "gpu-scheduler-system" in written, written  # the Lease Role
+    assert written <= allowed, (written, allowed)

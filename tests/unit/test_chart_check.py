@@ -175,9 +175,18 @@ def test_restricted_security_context(values_file: Path) -> None:
             assert sc["runAsUser"] == 65532
 
 
+def component_hooks(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    """The hook objects of one component: ``test`` (verify-release) or ``wait-ready``."""
+    return [
+        d
+        for d in docs
+        if is_hook(d) and d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+
+
 def test_verify_release_helm_test() -> None:
     docs = render(CHART, namespace=NS)
-    hooks = [d for d in docs if is_hook(d)]
+    hooks = component_hooks(docs, "test")
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
     role = one(hooks, "Role")
@@ -211,14 +220,14 @@ def test_verify_release_helm_test() -> None:
     # RBAC objects are created before the pod.
     weights = {d["kind"]: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", 0)) for d in hooks}
     assert weights["Pod"] > max(weights["ServiceAccount"], weights["Role"], weights["RoleBinding"])
-    assert not find(render(CHART, set_args=["tests.enabled=false"]), "Pod")
+    assert not component_hooks(render(CHART, set_args=["tests.enabled=false"]), "test")
 
 
 def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() -> None:
     """Argo CD runs the same pod (and its RBAC) as a Sync hook in wave 0: a PostSync hook, or
     a hook in another wave (Argo CD reads helm.sh/hook-weight as the wave), would wait for
     every resource to be Healthy, which a misplaced replica never is."""
-    hooks = [d for d in render(CHART) if is_hook(d)]
+    hooks = component_hooks(render(CHART), "test")
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     for d in hooks:
         ann = d["metadata"]["annotations"]
@@ -232,11 +241,11 @@ def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() ->
         for d in render(CHART)
         if not is_hook(d) and "argocd.argoproj.io/sync-wave" in (d["metadata"].get("annotations") or {})
     ]
-    off = [d for d in render(CHART, set_args=["tests.argocdHook=false"]) if is_hook(d)]
+    off = component_hooks(render(CHART, set_args=["tests.argocdHook=false"]), "test")
     assert off and not [
         d for d in off if any(k.startswith("argocd.argoproj.io/") for k in d["metadata"]["annotations"])
     ]
-    (pod,) = find(render(CHART, set_args=["tests.timeoutSeconds=15"]), "Pod")
+    (pod,) = find(component_hooks(render(CHART, set_args=["tests.timeoutSeconds=15"]), "test"), "Pod")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--timeout") + 1] == "15"
 
@@ -282,3 +291,149 @@ def test_expect_no_gpu_reaches_the_check(fake_nvml: Path, declared: str | None, 
         check=False,
     )
     assert res.returncode == exit_code, res.stderr
+
+
+# ---------------------------------------------------------------- the wait-ready hook
+WAIT = f"{FULL}-wait-ready"
+
+
+def wait_hooks(**kw: Any) -> list[dict[str, Any]]:
+    return component_hooks(render(CHART, namespace=NS, **kw), "wait-ready")
+
+
+def test_wait_ready_runs_before_the_statefulset_under_helm_and_argocd() -> None:
+    """Helm: pre-install/pre-upgrade (RBAC first by weight). Argo CD: a Sync hook in wave -1,
+    the only wave before the StatefulSet's (and the verification hook's) wave 0."""
+    docs = render(CHART, namespace=NS)
+    hooks = component_hooks(docs, "wait-ready")
+    assert sorted((d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in hooks) == sorted(
+        [
+            ("ServiceAccount", WAIT, NS),
+            ("Role", WAIT, NS),
+            ("RoleBinding", WAIT, NS),
+            ("Role", f"{WAIT}-lease", "gpu-scheduler-system"),
+            ("RoleBinding", f"{WAIT}-lease", "gpu-scheduler-system"),
+            ("Pod", WAIT, NS),
+        ]
+    )
+    for d in hooks:
+        ann = d["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-install,pre-upgrade", d["kind"]
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert ann["argocd.argoproj.io/hook"] == "Sync", d["kind"]
+        assert ann["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation,HookSucceeded"
+        assert ann["argocd.argoproj.io/sync-wave"] == "-1", d["kind"]
+    weight = {
+        (d["kind"], d["metadata"]["name"]): int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
+        for d in hooks
+    }
+    pod_weight = weight.pop(("Pod", WAIT))
+    assert pod_weight > max(weight.values())
+    assert max(w for (k, _), w in weight.items() if k in ("ServiceAccount", "Role")) < min(
+        w for (k, _), w in weight.items() if k == "RoleBinding"
+    )
+    # Every other Argo CD object of the chart is in a later wave (0, explicit or by default).
+    waves = [
+        int((d["metadata"].get("annotations") or {}).get("argocd.argoproj.io/sync-wave", "0"))
+        for d in docs
+        if d not in hooks
+    ]
+    assert waves and min(waves) >= 0
+
+
+def test_wait_ready_rbac_is_least_privilege() -> None:
+    hooks = wait_hooks()
+    roles = {d["metadata"]["name"]: d for d in hooks if d["kind"] == "Role"}
+    # create pods (a dry-run still needs the right) in its own namespace; nothing else there.
+    assert roles[WAIT]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    # get on the scheduler's one Lease, in the scheduler's namespace.
+    assert roles[f"{WAIT}-lease"]["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["gpu-scheduler"],
+            "verbs": ["get"],
+        }
+    ]
+    sa = one(hooks, "ServiceAccount")["metadata"]["name"]
+    for b in find(hooks, "RoleBinding"):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
+        assert b["roleRef"]["name"] == b["metadata"]["name"]
+        assert b["metadata"]["namespace"] == roles[b["roleRef"]["name"]]["metadata"]["namespace"]
+    assert one(hooks, "Pod")["spec"]["serviceAccountName"] == sa
+
+
+def test_wait_ready_pod_runs_the_check_program_on_the_charts_map() -> None:
+    docs = render(
+        CHART, namespace=NS, set_args=["schedulerName=my-sched", "gpuScheduling.injectionMode=nvidia"]
+    )
+    pod = one(component_hooks(docs, "wait-ready"), "Pod")
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == 240 + 60
+    (c,) = spec["containers"]
+    argv = [*c["command"], *c["args"]]
+
+    def arg(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert argv[:2] == ["gpu-scheduler-check", "wait-ready"]
+    assert arg("--namespace") == NS
+    # The very map the StatefulSet's pods carry.
+    carried = sts(docs)["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert arg("--map") == carried.rstrip("\n") and parse(arg("--map")) == parse(carried)
+    assert arg("--scheduler-name") == "my-sched"
+    assert arg("--mode") == "nvidia"
+    assert (arg("--lease-namespace"), arg("--lease-name")) == ("gpu-scheduler-system", "gpu-scheduler")
+    assert arg("--image") == c["image"] == sts(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert arg("--service-account") == spec["serviceAccountName"]
+    assert (arg("--timeout"), arg("--interval")) == ("240", "2")
+    assert arg("--termination-message-path") == c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_wait_ready_values() -> None:
+    custom = wait_hooks(
+        values={
+            "waitReady": {
+                "timeoutSeconds": 30,
+                "intervalSeconds": 5,
+                "lease": {"namespace": "sched", "name": "my-lease"},
+            }
+        }
+    )
+    lease_role = one([d for d in custom if d["metadata"]["name"].endswith("-lease")], "Role")
+    assert lease_role["metadata"]["namespace"] == "sched"
+    assert lease_role["rules"][0]["resourceNames"] == ["my-lease"]
+    args = one(custom, "Pod")["spec"]["containers"][0]["args"]
+    assert args[args.index("--timeout") + 1] == "30" and args[args.index("--interval") + 1] == "5"
+    assert args[args.index("--lease-name") + 1] == "my-lease"
+    assert one(custom, "Pod")["spec"]["activeDeadlineSeconds"] == 90
+    # The scheduler in the check's own namespace: two Roles, two names, no clash.
+    same = wait_hooks(values={"waitReady": {"lease": {"namespace": NS}}})
+    assert len({(d["kind"], d["metadata"]["name"]) for d in same}) == len(same) == 6
+    # No Lease (leader election off): no Lease RBAC, and the program skips the check.
+    no_lease = wait_hooks(values={"waitReady": {"lease": {"name": ""}}})
+    assert {(d["kind"], d["metadata"]["namespace"]) for d in no_lease} == {
+        ("ServiceAccount", NS),
+        ("Role", NS),
+        ("RoleBinding", NS),
+        ("Pod", NS),
+    }
+    args = one(no_lease, "Pod")["spec"]["containers"][0]["args"]
+    assert args[args.index("--lease-name") + 1] == ""
+    assert not wait_hooks(set_args=["waitReady.enabled=false"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "waitReady.timeoutSecond=3",
+        "waitReady.timeoutSeconds=0",
+        "waitReady.lease.namespace=",
+        "waitReady.lease.namespace=Bad_NS",
+        "waitReady.lease.nam=x",
+    ],
+)
+def test_schema_rejects_bad_wait_ready_values(bad: str) -> None:
+    assert template(CHART, set_args=[bad]).returncode != 0
