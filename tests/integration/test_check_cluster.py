@@ -312,7 +312,8 @@ def test_verify_release_with_the_chart_test_account(
     kubeconfig, args = chart_test_identity
     assert args[:2] == ["verify-release", "--namespace"]
     with register_webhooks(cluster, namespace, webhook_server):
-        install_chart(cluster, RELEASE, namespace, CHART_VALUES, chart=CHECK_CHART)
+        # --no-hooks: kwok would never run the pre-install wait-ready Pod (test_check_wait_ready.py runs it).
+        install_chart(cluster, RELEASE, namespace, CHART_VALUES, chart=CHECK_CHART, hooks=False)
         res = verify_release(kubeconfig, args, timeout=90)
         assert res.returncode == 0, res.stdout + res.stderr
         rows = table(res.stdout)
