@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--kubeconfig", help="default: $KUBECONFIG, else in-cluster, else ~/.kube/config")
     w.add_argument(
         "--termination-message-path",
-        help="also write the verdict (ready after how long, or what is missing) into this file if it exists",
+        help="on failure, also write the verdict (what is still missing) into this file if it exists",
     )
     h = sub.add_parser("http-get", help="GET a URL and expect a status (helm test)")
     h.add_argument("url")

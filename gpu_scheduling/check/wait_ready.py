@@ -21,9 +21,10 @@ Synced/Healthy (argo-cd issue 29410), and a Healthy webhook Deployment says noth
 of whether cert-manager's cainjector has filled the ``caBundle`` the apiserver needs
 to call it.
 
-Every poll logs what is still missing, in words; the verdict (ready after how long,
-or what was still missing at the timeout) goes into ``--termination-message-path``,
-which Argo CD shows for a hook and ``kubectl describe pod`` for a Helm hook.
+Every poll logs what is still missing, in words, and the last line the verdict (ready after
+how long, or what was still missing at the timeout). A failure's verdict also goes into
+``--termination-message-path``, which Argo CD shows for a failed hook and ``kubectl describe
+pod`` for a Helm hook; a success writes nothing there (see :func:`cmd_wait_ready`).
 """
 
 from __future__ import annotations
@@ -432,7 +433,10 @@ def cmd_wait_ready(
             if poll.warnings:
                 extra["warnings"] = poll.warnings
             log.info(text, extra=extra)
-            _write_termination_message(args.termination_message_path, _limit(text))
+            # No termination message on success: in the check chart this is the verification
+            # Pod's init container, and Argo CD shows a failed Pod's first non-empty termination
+            # message, init containers first: the verification's (naming the misplaced replica)
+            # must be that one.
             return EXIT_OK
         why = ""
         if poll.denied and elapsed >= DENIED_GRACE:

@@ -189,18 +189,24 @@ def test_verify_release_helm_test() -> None:
     hooks = component_hooks(docs, "test")
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
-    role = one(hooks, "Role")
-    # Least privilege: read the pods, and the StatefulSet for its replica count; nothing else.
+    role = one(hooks, "Role", f"{FULL}-test")
+    # Least privilege: read the pods, and the StatefulSet for its replica count; create pods
+    # for the init container's dry-run (wait-ready); nothing else.
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
     ]
-    binding = one(hooks, "RoleBinding")
     sa = one(hooks, "ServiceAccount")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
-    ]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for binding in find(hooks, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
+        ]
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+    assert {b["metadata"]["name"] for b in find(hooks, "RoleBinding")} == {
+        f"{FULL}-test",
+        f"{FULL}-test-lease",
+    }
     pod = one(hooks, "Pod")
     assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     (c,) = pod["spec"]["containers"]
@@ -295,15 +301,28 @@ def test_expect_no_gpu_reaches_the_check(fake_nvml: Path, declared: str | None, 
 
 # ---------------------------------------------------------------- the wait-ready hook
 WAIT = f"{FULL}-wait-ready"
+LEASE_RULE = {
+    "apiGroups": ["coordination.k8s.io"],
+    "resources": ["leases"],
+    "resourceNames": ["gpu-scheduler"],
+    "verbs": ["get"],
+}
 
 
 def wait_hooks(**kw: Any) -> list[dict[str, Any]]:
     return component_hooks(render(CHART, namespace=NS, **kw), "wait-ready")
 
 
-def test_wait_ready_runs_before_the_statefulset_under_helm_and_argocd() -> None:
-    """Helm: pre-install/pre-upgrade (RBAC first by weight). Argo CD: a Sync hook in wave -1,
-    the only wave before the StatefulSet's (and the verification hook's) wave 0."""
+def wait_args(container: dict[str, Any]) -> dict[str, str]:
+    args = container["args"]
+    assert args[0] == "wait-ready" and container["command"] == ["gpu-scheduler-check"]
+    return dict(zip(args[1::2], args[2::2], strict=True))
+
+
+def test_wait_ready_is_a_helm_pre_install_hook_that_argocd_skips() -> None:
+    """Helm: pre-install/pre-upgrade, RBAC first by weight. Argo CD: Skip, so that every
+    Argo CD hook of the chart stays in wave 0 (a second wave would make Argo CD wait for the
+    StatefulSet to be Healthy before a failed verification could end the sync)."""
     docs = render(CHART, namespace=NS)
     hooks = component_hooks(docs, "wait-ready")
     assert sorted((d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in hooks) == sorted(
@@ -320,9 +339,8 @@ def test_wait_ready_runs_before_the_statefulset_under_helm_and_argocd() -> None:
         ann = d["metadata"]["annotations"]
         assert ann["helm.sh/hook"] == "pre-install,pre-upgrade", d["kind"]
         assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
-        assert ann["argocd.argoproj.io/hook"] == "Sync", d["kind"]
-        assert ann["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation,HookSucceeded"
-        assert ann["argocd.argoproj.io/sync-wave"] == "-1", d["kind"]
+        assert ann["argocd.argoproj.io/hook"] == "Skip", d["kind"]
+        assert not {k for k in ann if k.startswith("argocd.argoproj.io/") and k != "argocd.argoproj.io/hook"}
     weight = {
         (d["kind"], d["metadata"]["name"]): int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
         for d in hooks
@@ -332,13 +350,11 @@ def test_wait_ready_runs_before_the_statefulset_under_helm_and_argocd() -> None:
     assert max(w for (k, _), w in weight.items() if k in ("ServiceAccount", "Role")) < min(
         w for (k, _), w in weight.items() if k == "RoleBinding"
     )
-    # Every other Argo CD object of the chart is in a later wave (0, explicit or by default).
-    waves = [
-        int((d["metadata"].get("annotations") or {}).get("argocd.argoproj.io/sync-wave", "0"))
-        for d in docs
-        if d not in hooks
-    ]
-    assert waves and min(waves) >= 0
+    # What Argo CD runs is all in one wave (0): no object of the chart names another.
+    argocd = [d for d in docs if d not in hooks]
+    assert {
+        (d["metadata"].get("annotations") or {}).get("argocd.argoproj.io/sync-wave", "0") for d in argocd
+    } == {"0"}
 
 
 def test_wait_ready_rbac_is_least_privilege() -> None:
@@ -347,14 +363,7 @@ def test_wait_ready_rbac_is_least_privilege() -> None:
     # create pods (a dry-run still needs the right) in its own namespace; nothing else there.
     assert roles[WAIT]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
     # get on the scheduler's one Lease, in the scheduler's namespace.
-    assert roles[f"{WAIT}-lease"]["rules"] == [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "resourceNames": ["gpu-scheduler"],
-            "verbs": ["get"],
-        }
-    ]
+    assert roles[f"{WAIT}-lease"]["rules"] == [LEASE_RULE]
     sa = one(hooks, "ServiceAccount")["metadata"]["name"]
     for b in find(hooks, "RoleBinding"):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
@@ -372,24 +381,43 @@ def test_wait_ready_pod_runs_the_check_program_on_the_charts_map() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["activeDeadlineSeconds"] == 240 + 60
     (c,) = spec["containers"]
-    argv = [*c["command"], *c["args"]]
-
-    def arg(flag: str) -> str:
-        return argv[argv.index(flag) + 1]
-
-    assert argv[:2] == ["gpu-scheduler-check", "wait-ready"]
-    assert arg("--namespace") == NS
+    arg = wait_args(c)
+    assert arg["--namespace"] == NS
     # The very map the StatefulSet's pods carry.
     carried = sts(docs)["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
-    assert arg("--map") == carried.rstrip("\n") and parse(arg("--map")) == parse(carried)
-    assert arg("--scheduler-name") == "my-sched"
-    assert arg("--mode") == "nvidia"
-    assert (arg("--lease-namespace"), arg("--lease-name")) == ("gpu-scheduler-system", "gpu-scheduler")
-    assert arg("--image") == c["image"] == sts(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert arg("--service-account") == spec["serviceAccountName"]
-    assert (arg("--timeout"), arg("--interval")) == ("240", "2")
-    assert arg("--termination-message-path") == c["terminationMessagePath"] == "/dev/termination-log"
+    assert arg["--map"] == carried.rstrip("\n") and parse(arg["--map"]) == parse(carried)
+    assert arg["--scheduler-name"] == "my-sched"
+    assert arg["--mode"] == "nvidia"
+    assert (arg["--lease-namespace"], arg["--lease-name"]) == ("gpu-scheduler-system", "gpu-scheduler")
+    assert arg["--image"] == c["image"] == sts(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert arg["--service-account"] == spec["serviceAccountName"]
+    assert (arg["--timeout"], arg["--interval"]) == ("240", "2")
+    assert arg["--termination-message-path"] == c["terminationMessagePath"] == "/dev/termination-log"
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_verification_pod_waits_first_with_the_same_command() -> None:
+    """Under Argo CD (and `helm test`) the wait is the verification Pod's init container: the
+    pre-install hook's command, as the verification's ServiceAccount, which holds its rights."""
+    docs = render(CHART, namespace=NS)
+    pre_install = one(component_hooks(docs, "wait-ready"), "Pod")
+    tests = component_hooks(docs, "test")
+    pod = one(tests, "Pod")
+    (init,) = pod["spec"]["initContainers"]
+    (pre,) = pre_install["spec"]["containers"]
+    assert init["name"] == "wait-ready" and init["command"] == pre["command"]
+    assert {**wait_args(init), "--service-account": "x"} == {**wait_args(pre), "--service-account": "x"}
+    assert wait_args(init)["--service-account"] == pod["spec"]["serviceAccountName"]
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert init["securityContext"] == pod["spec"]["containers"][0]["securityContext"]
+    (lease_role,) = [d for d in tests if d["kind"] == "Role" and d["metadata"]["name"].endswith("-lease")]
+    assert lease_role["metadata"]["namespace"] == "gpu-scheduler-system" and lease_role["rules"] == [
+        LEASE_RULE
+    ]
+    # Off: no init container, no Lease Role, no create right.
+    off = component_hooks(render(CHART, namespace=NS, set_args=["waitReady.enabled=false"]), "test")
+    assert "initContainers" not in one(off, "Pod")["spec"]
+    assert [r["verbs"] for r in one(off, "Role")["rules"]] == [["get", "list"], ["get"]]
 
 
 def test_wait_ready_values() -> None:
@@ -405,23 +433,27 @@ def test_wait_ready_values() -> None:
     lease_role = one([d for d in custom if d["metadata"]["name"].endswith("-lease")], "Role")
     assert lease_role["metadata"]["namespace"] == "sched"
     assert lease_role["rules"][0]["resourceNames"] == ["my-lease"]
-    args = one(custom, "Pod")["spec"]["containers"][0]["args"]
-    assert args[args.index("--timeout") + 1] == "30" and args[args.index("--interval") + 1] == "5"
-    assert args[args.index("--lease-name") + 1] == "my-lease"
+    arg = wait_args(one(custom, "Pod")["spec"]["containers"][0])
+    assert (arg["--timeout"], arg["--interval"], arg["--lease-name"]) == ("30", "5", "my-lease")
     assert one(custom, "Pod")["spec"]["activeDeadlineSeconds"] == 90
     # The scheduler in the check's own namespace: two Roles, two names, no clash.
     same = wait_hooks(values={"waitReady": {"lease": {"namespace": NS}}})
     assert len({(d["kind"], d["metadata"]["name"]) for d in same}) == len(same) == 6
     # No Lease (leader election off): no Lease RBAC, and the program skips the check.
-    no_lease = wait_hooks(values={"waitReady": {"lease": {"name": ""}}})
-    assert {(d["kind"], d["metadata"]["namespace"]) for d in no_lease} == {
+    no_lease = render(CHART, namespace=NS, values={"waitReady": {"lease": {"name": ""}}})
+    assert {(d["kind"], d["metadata"]["namespace"]) for d in component_hooks(no_lease, "wait-ready")} == {
         ("ServiceAccount", NS),
         ("Role", NS),
         ("RoleBinding", NS),
         ("Pod", NS),
     }
-    args = one(no_lease, "Pod")["spec"]["containers"][0]["args"]
-    assert args[args.index("--lease-name") + 1] == ""
+    assert not [d for d in no_lease if d["metadata"]["name"].endswith("-lease")]
+    assert (
+        wait_args(one(component_hooks(no_lease, "wait-ready"), "Pod")["spec"]["containers"][0])[
+            "--lease-name"
+        ]
+        == ""
+    )
     assert not wait_hooks(set_args=["waitReady.enabled=false"])
 
 
