@@ -182,6 +182,19 @@ class HostComponents:
         return ContainerRun(container, proc, log, message_file, _now())
 
     @staticmethod
+    def _said(run: ContainerRun, states: dict[str, dict[str, Any]]) -> str:
+        """What a container said: its termination message, else its last JSON log line's msg
+        (wait-ready writes no termination message on success)."""
+        message = str(states[run.container["name"]]["terminated"].get("message", ""))
+        if message.strip():
+            return message
+        for line in reversed(run.log.read_text(errors="replace").splitlines()):
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    return str(json.loads(line).get("msg", ""))
+        return ""
+
+    @staticmethod
     def _terminated(run: ContainerRun) -> dict[str, Any]:
         container, code = run.container, run.proc.returncode
         message = run.message_file.read_text() if run.message_file else ""
@@ -249,11 +262,7 @@ class HostComponents:
         self.hooks_done[meta["uid"]] = (f"{meta['namespace']}/{meta['name']}", code, message)
         ran = ", ".join(
             f"{r.container['name']} exit {r.proc.returncode}"
-            + (
-                f": {m.strip()[:200]}"
-                if (m := str(states[r.container["name"]]["terminated"].get("message", ""))).strip()
-                else ""
-            )
+            + (f": {m.strip()[:200]}" if (m := self._said(r, states)).strip() else "")
             for r in run.runs
         )
         self.notes.append(
@@ -409,9 +418,13 @@ def app_events(app: dict[str, Any]) -> list[Event]:
     st = app.get("status") or {}
     out: list[Event] = []
     op = st.get("operationState") or {}
-    op_rev = (op.get("syncResult") or {}).get("revision") or (
-        (op.get("operation") or {}).get("sync") or {}
-    ).get("revision")
+    # A running operation may not name its revision yet (RollingSync's syncs do not ask for
+    # one): then it is syncing to the revision the Application is compared to.
+    op_rev = (
+        (op.get("syncResult") or {}).get("revision")
+        or ((op.get("operation") or {}).get("sync") or {}).get("revision")
+        or (st.get("sync") or {}).get("revision")
+    )
     # Past syncs (history: only the successful ones), then the current operation. A sync's
     # events are keyed by its start time, so the history entry and the operation dedupe.
     for h in st.get("history") or []:
