@@ -76,6 +76,21 @@ app.kubernetes.io/component: test
 {{- end }}
 
 {{/*
+Labels of the wait-ready hook Pod: the test pods' name, so that neither the StatefulSet's
+headless Service nor the check pods' NetworkPolicy selects it, and the test pods'
+NetworkPolicy does.
+*/}}
+{{- define "gpu-scheduler-check.waitReadyPodLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler-check.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-test" (include "gpu-scheduler-check.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: wait-ready
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
 Labels of the helm test objects.
 */}}
 {{- define "gpu-scheduler-check.testLabels" -}}

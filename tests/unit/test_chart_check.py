@@ -176,8 +176,14 @@ def test_network_policies() -> None:
     assert tests["policyTypes"] == ["Ingress"] and "ingress" not in tests
     # Each selects its own pods only.
     pod_labels = sts(docs)["spec"]["template"]["metadata"]["labels"]
-    (test_pod,) = [d for d in find(docs, "Pod") if is_hook(d)]
-    test_labels = test_pod["metadata"]["labels"]
+    hook_pods = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in find(docs, "Pod") if is_hook(d)}
+    assert set(hook_pods) == {"test", "wait-ready"}
+    test_labels = hook_pods["test"]["metadata"]["labels"]
+    # The wait-ready hook pod, too, is the test policy's and nobody else's.
+    wait_labels = hook_pods["wait-ready"]["metadata"]["labels"]
+    assert selects(tests["podSelector"]["matchLabels"], wait_labels)
+    assert not selects(check["podSelector"]["matchLabels"], wait_labels)
+    assert not selects(SELECTOR, wait_labels)
     assert selects(check["podSelector"]["matchLabels"], pod_labels)
     assert not selects(check["podSelector"]["matchLabels"], test_labels)
     assert selects(tests["podSelector"]["matchLabels"], test_labels)
