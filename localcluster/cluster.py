@@ -115,6 +115,7 @@ def node_binaries() -> NodeBinaries:
         ctr=tool("ctr"),
         pause_archive=pause_dir / "pause.oci.tar",
         pause_ref=f"localhost/gpu-scheduler/pause:{v['PAUSE_VERSION']}",
+        coredns=tool("coredns"),
     )
 
 
@@ -288,6 +289,13 @@ class Cluster:
         from localcluster.node import NODE_NAME
 
         assert self.node is not None
+        from localcluster.node import COREDNS_RBAC
+
+        self.apply(COREDNS_RBAC)
+        dns_health = self.node.start_coredns(
+            self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
+        )
+        self.procs["coredns"].wait_http(dns_health, timeout=timeout)
         self.node.start_kubelet(self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port)
         self.node.start_kube_proxy(
             self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
@@ -683,7 +691,7 @@ class Cluster:
         give the host back what the node took: localcluster/node.py)."""
         if self.node is not None:
             self.node.stop(self.procs)
-            for name in ("kube-proxy", "kubelet", "containerd"):
+            for name in ("kube-proxy", "kubelet", "coredns", "containerd"):
                 self.procs.pop(name, None)
         for name in reversed(list(self.procs)):
             self.procs[name].stop(timeout=10)

@@ -21,6 +21,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,8 +310,9 @@ def bare_repository(dest: Path, source: Path = REPO, branch: str = "main") -> st
     return f"file://{dest}"
 
 
-def commit_change(repo_url: str, rel: str, text: str, message: str, branch: str = "main") -> None:
-    """Commit one file change on ``branch`` of the bare repository at ``repo_url``."""
+def commit_changes(repo_url: str, changes: Mapping[str, str], message: str, branch: str = "main") -> str:
+    """Commit ``changes`` (path relative to the repository root -> new text) as ONE commit on
+    ``branch`` of the bare repository at ``repo_url``, push it; return the commit's SHA."""
     bare = Path(repo_url.removeprefix("file://"))
     work = bare.with_name(bare.name + "-edit")
     if work.exists():
@@ -325,10 +327,20 @@ def commit_change(repo_url: str, rel: str, text: str, message: str, branch: str 
         "commit.gpgsign=false",
     ]
     subprocess.run(["git", "clone", "-q", "-b", branch, str(bare), str(work)], check=True)
-    (work / rel).write_text(text)
+    for rel, text in changes.items():
+        (work / rel).write_text(text)
     subprocess.run([*git, "-C", str(work), "commit", "-q", "-am", message], check=True)
+    sha = subprocess.run(
+        ["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     subprocess.run(["git", "-C", str(work), "push", "-q", "origin", branch], check=True)
     shutil.rmtree(work)
+    return sha
+
+
+def commit_change(repo_url: str, rel: str, text: str, message: str, branch: str = "main") -> str:
+    """Commit one file change on ``branch`` of the bare repository at ``repo_url``; its SHA."""
+    return commit_changes(repo_url, {rel: text}, message, branch)
 
 
 # ---------------------------------------------------------------- argocd/ manifests
@@ -396,6 +408,7 @@ __all__ = [
     "bare_repository",
     "cert_manager_manifests",
     "commit_change",
+    "commit_changes",
     "start_argocd",
     "start_cert_manager",
 ]

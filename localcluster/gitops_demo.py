@@ -73,14 +73,33 @@ FALLBACK_LINES, FALLBACK_BYTES = 80, 2048
 
 
 @dataclass
-class HookRun:
-    """An Argo CD hook pod's command, running on the host (kwok runs no containers)."""
+class ContainerRun:
+    """One container of a hook pod, run as a host process."""
 
-    pod: dict[str, Any]
+    container: dict[str, Any]
     proc: subprocess.Popen[bytes]
     log: Path
     message_file: Path | None
     started: str
+    finished: str = ""
+
+
+@dataclass
+class HookRun:
+    """An Argo CD hook pod's containers, run on the host (kwok runs no containers) as a
+    kubelet runs them: each init container to success, in order, then the container."""
+
+    pod: dict[str, Any]
+    runs: list[ContainerRun]  # started so far; the last one may be running
+    pending: list[dict[str, Any]]  # not started yet
+
+    @property
+    def current(self) -> ContainerRun:
+        return self.runs[-1]
+
+    @property
+    def log(self) -> Path:
+        return self.current.log
 
 
 @dataclass
@@ -110,7 +129,11 @@ class HostComponents:
     def run_hooks(self) -> None:
         c = self.cluster
         for uid, run in list(self.hooks.items()):
-            if run.proc.poll() is None:
+            if run.current.proc.poll() is None:
+                continue
+            run.current.finished = _now()
+            if run.current.proc.returncode == 0 and run.pending:
+                run.runs.append(self._spawn(run.pod, run.pending.pop(0)))
                 continue
             del self.hooks[uid]
             self._finish(run)
@@ -131,10 +154,17 @@ class HostComponents:
             self.hooks[uid] = self._start(pod)
 
     def _start(self, pod: dict[str, Any]) -> HookRun:
+        spec = pod["spec"]
+        containers = [*(spec.get("initContainers") or []), *spec["containers"]]
+        assert len(spec["containers"]) == 1, "hook pods have one container (after their init containers)"
+        return HookRun(pod, [self._spawn(pod, containers[0])], containers[1:])
+
+    def _spawn(self, pod: dict[str, Any], container: dict[str, Any]) -> ContainerRun:
         c = self.cluster
         meta, spec = pod["metadata"], pod["spec"]
-        (container,) = spec["containers"]
         work = c.workdir / "hooks" / f"{meta['namespace']}-{meta['name']}-{meta['uid'][:8]}"
+        if container is not spec["containers"][0]:  # an init container: a folder of its own
+            work = work / container["name"]
         work.mkdir(parents=True, exist_ok=True)
         argv = [*container["command"], *(container.get("args") or [])]
         exe = Path(sys.executable).parent / argv[0]
@@ -155,53 +185,82 @@ class HostComponents:
                 env[e["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"]}[
                     field_path
                 ]
-        env["KUBECONFIG"] = str(
+        kubeconfig = work / "kubeconfig"
+        if not kubeconfig.exists():
             c.service_account_kubeconfig(
-                meta["namespace"],
-                spec.get("serviceAccountName", "default"),
-                path=work / "kubeconfig",
+                meta["namespace"], spec.get("serviceAccountName", "default"), path=kubeconfig
             )
-        )
+        env["KUBECONFIG"] = str(kubeconfig)
         log = work / "output.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-        return HookRun(pod, proc, log, message_file, _now())
+        return ContainerRun(container, proc, log, message_file, _now())
 
-    def _finish(self, run: HookRun) -> None:
-        meta = run.pod["metadata"]
-        (container,) = run.pod["spec"]["containers"]
-        code = run.proc.returncode
+    @staticmethod
+    def _said(run: ContainerRun, states: dict[str, dict[str, Any]]) -> str:
+        """What a container said: its termination message, else its last JSON log line's msg
+        (wait-ready writes no termination message on success)."""
+        message = str(states[run.container["name"]]["terminated"].get("message", ""))
+        if message.strip():
+            return message
+        for line in reversed(run.log.read_text(errors="replace").splitlines()):
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    return str(json.loads(line).get("msg", ""))
+        return ""
+
+    @staticmethod
+    def _terminated(run: ContainerRun) -> dict[str, Any]:
+        container, code = run.container, run.proc.returncode
         message = run.message_file.read_text() if run.message_file else ""
         if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             tail = "\n".join(run.log.read_text(errors="replace").splitlines()[-FALLBACK_LINES:])
             message = tail.encode()[-FALLBACK_BYTES:].decode(errors="ignore")
-        phase = "Succeeded" if code == 0 else "Failed"
         terminated = {
             "exitCode": code,
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": run.started,
-            "finishedAt": _now(),
+            "finishedAt": run.finished or _now(),
         }
         if message:
             terminated["message"] = message
-        status = {
+        return terminated
+
+    def _finish(self, run: HookRun) -> None:
+        meta, spec = run.pod["metadata"], run.pod["spec"]
+        states: dict[str, dict[str, Any]] = {
+            r.container["name"]: {"terminated": self._terminated(r)} for r in run.runs
+        }
+        waiting = {"waiting": {"reason": "PodInitializing"}}
+
+        def statuses(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": ctr["name"],
+                    "image": ctr.get("image", ""),
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": states.get(ctr["name"], waiting),
+                }
+                for ctr in containers
+            ]
+
+        last = run.current
+        code = last.proc.returncode
+        ran_all = not run.pending and last.container is spec["containers"][0]
+        phase = "Succeeded" if code == 0 and ran_all else "Failed"
+        status: dict[str, Any] = {
             "phase": phase,
             "conditions": [
                 {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": _now()}
                 for t in ("Ready", "ContainersReady")
             ],
-            "containerStatuses": [
-                {
-                    "name": container["name"],
-                    "image": container.get("image", ""),
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "started": False,
-                    "state": {"terminated": terminated},
-                }
-            ],
+            "containerStatuses": statuses(spec["containers"]),
         }
+        if spec.get("initContainers"):
+            status["initContainerStatuses"] = statuses(spec["initContainers"])
         self.cluster.kubectl(
             "patch",
             "pod",
@@ -214,11 +273,16 @@ class HostComponents:
             json.dumps({"status": status}),
             check=False,
         )
+        message = str(states[last.container["name"]]["terminated"].get("message", ""))
         self.hooks_done[meta["uid"]] = (f"{meta['namespace']}/{meta['name']}", code, message)
+        ran = ", ".join(
+            f"{r.container['name']} exit {r.proc.returncode}"
+            + (f": {m.strip()[:200]}" if (m := self._said(r, states)).strip() else "")
+            for r in run.runs
+        )
         self.notes.append(
-            f"Argo CD hook pod {meta['namespace']}/{meta['name']}: its command ran on the host as "
-            f"ServiceAccount {run.pod['spec'].get('serviceAccountName', 'default')}, exit {code}"
-            + (f": {message.strip()[:200]}" if message.strip() else "")
+            f"Argo CD hook pod {meta['namespace']}/{meta['name']}: its containers ran on the host as "
+            f"ServiceAccount {spec.get('serviceAccountName', 'default')}: {ran}"
         )
 
     def poll(self) -> None:
@@ -300,23 +364,52 @@ class HostComponents:
             )
 
 
+# Where a timeline entry's time comes from: a record Argo CD wrote (operationState,
+# history, health), a condition Kubernetes objects carry (cert-manager's Ready), or the
+# moment this program polled (what nothing records: a hook's outcome, an injected caBundle).
+ARGOCD, RECORDED, POLLED = "argocd", "recorded", "polled"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One timeline entry: a key that dedupes it across polls, its text, and its time
+    (None: the poll's moment) with where that time comes from."""
+
+    key: str
+    text: str
+    at: datetime | None
+    source: str
+
+
 class Timeline:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.wall0 = datetime.now(UTC)
-        self.events: list[tuple[float, str]] = []
+        self.events: list[tuple[float, str, str]] = []
         self.seen: set[str] = set()
 
-    def mark(self, key: str, text: str, at: datetime | None = None) -> None:
+    def mark(self, key: str, text: str, at: datetime | None = None, source: str | None = None) -> None:
         if key in self.seen:
             return
         self.seen.add(key)
         offset = (at - self.wall0).total_seconds() if at else time.monotonic() - self.t0
-        self.events.append((offset, text))
-        say(f"+{offset:6.1f}s  {text}")
+        src = source or (RECORDED if at else POLLED)
+        self.events.append((offset, src, text))
+        say(f"+{offset:6.1f}s  {src:<8}  {text}")
+
+    def add(self, events: list[Event]) -> None:
+        for e in events:
+            self.mark(e.key, e.text, e.at, e.source)
+
+    LEGEND = (
+        "(argocd: the time Argo CD recorded in the Application's status, whole seconds; "
+        "recorded: a condition's lastTransitionTime; polled: when this program saw it)"
+    )
 
     def text(self) -> str:
-        return "\n".join(f"+{t:6.1f}s  {e}" for t, e in sorted(self.events))
+        # sorted() is stable: entries with the same recorded second keep the order seen.
+        lines = [f"+{t:6.1f}s  {src:<8}  {e}" for t, src, e in sorted(self.events, key=lambda x: x[0])]
+        return "\n".join([self.LEGEND, *lines])
 
 
 def _now() -> str:
@@ -327,32 +420,106 @@ def _ts(s: str | None) -> datetime | None:
     return datetime.fromisoformat(s.replace("Z", "+00:00")) if s else None
 
 
+def _rev(revision: Any) -> str:
+    return str(revision)[:7] if revision else "?"
+
+
+def app_events(app: dict[str, Any]) -> list[Event]:
+    """What an Application's status records, at the times Argo CD recorded them:
+    each sync's start (``operationState.startedAt``, ``history[].deployStartedAt``), its end
+    (``operationState.finishedAt``, ``history[].deployedAt``), each health status
+    (``health.lastTransitionTime``); hook Pods' outcomes (no time recorded) at the poll."""
+    name = app.get("metadata", {}).get("name", "?")
+    st = app.get("status") or {}
+    out: list[Event] = []
+    op = st.get("operationState") or {}
+    # A running operation may not name its revision yet (RollingSync's syncs do not ask for
+    # one): then it is syncing to the revision the Application is compared to.
+    op_rev = (
+        (op.get("syncResult") or {}).get("revision")
+        or ((op.get("operation") or {}).get("sync") or {}).get("revision")
+        or (st.get("sync") or {}).get("revision")
+    )
+    # Past syncs (history: only the successful ones), then the current operation. A sync's
+    # events are keyed by its start time, so the history entry and the operation dedupe.
+    for h in st.get("history") or []:
+        started = h.get("deployStartedAt")
+        if started:
+            out.append(
+                Event(
+                    f"{name}/start/{started}",
+                    f"{name}: sync started (revision {_rev(h.get('revision'))})",
+                    _ts(started),
+                    ARGOCD,
+                )
+            )
+        if h.get("deployedAt"):
+            out.append(
+                Event(
+                    f"{name}/end/{started or h.get('deployedAt')}",
+                    f"{name}: sync Succeeded, revision {_rev(h.get('revision'))} deployed",
+                    _ts(h["deployedAt"]),
+                    ARGOCD,
+                )
+            )
+    if op.get("startedAt"):
+        started = op["startedAt"]
+        out.append(
+            Event(
+                f"{name}/start/{started}",
+                f"{name}: sync started (revision {_rev(op_rev)})",
+                _ts(started),
+                ARGOCD,
+            )
+        )
+        phase = op.get("phase")
+        if phase in ("Succeeded", "Failed", "Error") and op.get("finishedAt"):
+            text = (
+                f"{name}: sync Succeeded, revision {_rev(op_rev)} deployed"
+                if phase == "Succeeded"
+                else f"{name}: sync {phase}: {op.get('message', '')}"
+            )
+            out.append(Event(f"{name}/end/{started}", text, _ts(op["finishedAt"]), ARGOCD))
+        for res in (op.get("syncResult") or {}).get("resources") or []:
+            # The hook Pods (wait-ready, verify-release); their RBAC hooks would only repeat them.
+            if (
+                res.get("hookType")
+                and res.get("kind") == "Pod"
+                and res.get("hookPhase") in ("Succeeded", "Failed", "Error")
+            ):
+                out.append(
+                    Event(
+                        f"{name}/hook/{started}/{res['kind']}/{res['name']}",
+                        f"{name}: {res['hookType']} hook {res['kind']} {res['name']} {res['hookPhase']}"
+                        + (f": {res['message']}" if res.get("message") else ""),
+                        None,
+                        POLLED,
+                    )
+                )
+    health = st.get("health") or {}
+    if health.get("status"):
+        changed = health.get("lastTransitionTime")
+        out.append(
+            Event(
+                f"{name}/health/{health['status']}/{changed}",
+                f"{name}: {health['status']}",
+                _ts(changed),
+                ARGOCD if changed else POLLED,
+            )
+        )
+    return out
+
+
 def observe(cluster: Cluster, tl: Timeline, apps: tuple[str, ...]) -> bool:
     """Record what happened since the last poll; True when every app is Synced and Healthy."""
     done = True
     for app in apps:
         a = get(cluster, "applications.argoproj.io", app, "-n", "argocd")
+        tl.add(app_events(a) if a else [])
         st = a.get("status", {})
         op = st.get("operationState") or {}
-        if op.get("startedAt"):
-            tl.mark(f"{app}/start", f"{app}: sync started", _ts(op["startedAt"]))
-        if op.get("phase") in ("Failed", "Error"):
-            tl.mark(f"{app}/failed", f"{app}: sync {op['phase']}: {op.get('message', '')}")
-        if op.get("phase") == "Succeeded" and op.get("finishedAt"):
-            tl.mark(f"{app}/finished", f"{app}: sync finished (Succeeded)", _ts(op["finishedAt"]))
-        for res in (op.get("syncResult") or {}).get("resources") or []:
-            if res.get("hookType") and res.get("hookPhase") in ("Succeeded", "Failed", "Error"):
-                tl.mark(
-                    f"{app}/hook/{res['kind']}/{res['name']}",
-                    f"{app}: {res['hookType']} hook {res['kind']} {res['name']} {res['hookPhase']}"
-                    + (f": {res['message']}" if res["kind"] == "Pod" and res.get("message") else ""),
-                )
         sync = st.get("sync", {}).get("status")
         health = st.get("health", {}).get("status")
-        if sync == "Synced":
-            tl.mark(f"{app}/synced", f"{app}: Synced")
-        if health == "Healthy":
-            tl.mark(f"{app}/healthy", f"{app}: Healthy")
         # Synced and Healthy say nothing of hooks: the sync operation itself must be over.
         done = done and sync == "Synced" and health == "Healthy" and op.get("phase") == "Succeeded"
     for cert in get(cluster, "certificates.cert-manager.io", "-A").get("items", []):

@@ -54,6 +54,8 @@ KWOK_NODE_IP = "10.0.0.1/32"
 CGROUP_ROOT = "gpu-scheduler-node"
 CGROUP_FS = Path("/sys/fs/cgroup")
 LOCK_FILE = Path("/run/gpu-scheduler-node.lock")
+# The kubelet links every container's log here (a fixed path), to files in its podLogsDir.
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 # Sysctls the kubelet (protectKernelDefaults: false) or the CNI bridge set; restored on stop.
 SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
 NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
@@ -107,6 +109,28 @@ def preflight() -> None:
         raise NodeUnavailable(f"no cgroup hierarchy is mounted under {CGROUP_FS}")
 
 
+CLUSTER_DOMAIN = "cluster.local"
+# CoreDNS's identity and what it may read (as upstream's coredns ClusterRole).
+COREDNS_RBAC = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "localcluster:coredns"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "localcluster:coredns"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "localcluster:coredns"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}],
+    },
+]
+
+
 @dataclass
 class NodeBinaries:
     kubelet: Path
@@ -116,6 +140,7 @@ class NodeBinaries:
     ctr: Path
     pause_archive: Path
     pause_ref: str
+    coredns: Path
 
 
 class RealNode:
@@ -154,6 +179,7 @@ class RealNode:
             "workdir": str(self.dir),
             "sysctls": {s: _sysctl_path(s).read_text().strip() for s in SYSCTLS if _sysctl_path(s).exists()},
             "run_containerd_existed": Path("/run/containerd").exists(),
+            "container_log_links_existed": CONTAINER_LOG_LINKS.exists(),
         }
         self.state_file.write_text(json.dumps(state, indent=2))
         # Leftovers of a run that died without its cleanup: give them back first.
@@ -341,12 +367,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             },
             "authorization": {"mode": "Webhook"},
             "registerWithTaints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
-            "podLogsDirectory": str(self.dir / "pod-logs"),
+            # The kubelet's own name for it (an unknown key is ignored: lenient decoding).
+            "podLogsDir": str(self.dir / "pod-logs"),
             "failSwapOn": False,
             # No KUBE-FIREWALL / canary chains in the host's iptables: kube-proxy (nftables)
             # owns the node's packet rules, in tables of its own.
             "makeIPTablesUtilChains": False,
             "resolvConf": "/etc/resolv.conf",
+            # The pods' nameserver: CoreDNS on the bridge's address (start_coredns).
+            "clusterDNS": [GATEWAY],
+            "clusterDomain": CLUSTER_DOMAIN,
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             # A shared CI machine: evict only when the host is nearly out of room.
@@ -380,6 +410,40 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             ],
         )
         return port
+
+    def start_coredns(
+        self,
+        spawn: Callable[[str, Sequence[str]], ManagedProcess],
+        pki: LocalPKI,
+        server: str,
+        ca_file: Path,
+        kubeconfig_yaml: Callable[..., str],
+        free_port: Callable[[], int],
+    ) -> str:
+        """Cluster DNS for the node's pods (Service and pod names under cluster.local), as the
+        kubelet's clusterDNS. Upstream infrastructure, like kube-proxy: a process on the node.
+        Returns the URL of its health endpoint."""
+        crt, key = pki.issue("coredns", "system:coredns")
+        kubeconfig = self.dir / "coredns.kubeconfig"
+        kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "coredns", crt, key))
+        health = f"127.0.0.1:{free_port()}"
+        corefile = self.dir / "Corefile"
+        corefile.write_text(
+            f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {GATEWAY}
+    errors
+    health {health}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 5
+}}
+"""
+        )
+        spawn("coredns", [str(self.bins.coredns), "-conf", str(corefile)])
+        return f"http://{health}/health"
 
     def start_kube_proxy(
         self,
@@ -419,7 +483,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     # ------------------------------------------------------------------ stop
     def stop(self, procs: dict[str, ManagedProcess] | None = None) -> None:
         """Stop kubelet, kube-proxy, the containers and containerd; give the host back."""
-        for name in ("kube-proxy", "kubelet"):
+        for name in ("kube-proxy", "kubelet", "coredns"):
             p = (procs or {}).get(name)
             if p is not None:
                 p.stop(timeout=10)
@@ -531,6 +595,16 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
         except OSError as e:
             problems.append(f"sysctl {name}={value}: {e}")
     shutil.rmtree(socket_dir(node_dir), ignore_errors=True)
+    # The kubelet's links to this node's container logs, and the folder if it made it.
+    if CONTAINER_LOG_LINKS.is_dir():
+        logs = str(node_dir / "pod-logs")
+        for link in CONTAINER_LOG_LINKS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(logs):
+                    link.unlink()
+        if state and not state.get("container_log_links_existed"):
+            with contextlib.suppress(OSError):
+                CONTAINER_LOG_LINKS.rmdir()
     if state and not state.get("run_containerd_existed"):
         shutil.rmtree("/run/containerd", ignore_errors=True)
     with contextlib.suppress(FileNotFoundError, ValueError, OSError):
@@ -560,4 +634,7 @@ def host_snapshot() -> dict[str, Any]:
             if "/node/containerd/" in m or "/var/lib/gs-node-" in m or "/node/kubelet/" in m
         ),
         "node_dirs": sorted(str(p) for p in Path("/var/lib").glob("gs-node-*")),
+        "container_log_links": sorted(p.name for p in CONTAINER_LOG_LINKS.iterdir())
+        if CONTAINER_LOG_LINKS.is_dir()
+        else None,
     }

@@ -55,12 +55,16 @@ def install_chart(
     wait: bool = False,
     timeout: str = "120s",
     create_namespace: bool = True,
+    hooks: bool = True,
 ) -> None:
     """``helm upgrade --install`` ``chart`` as ``release`` in ``namespace`` with ``values``.
 
     The values go through a file (never ``--set``), so nested dictionaries, lists and
     multi-line strings (PEM, maps) arrive unchanged. With ``wait`` helm waits for the
-    workloads to be ready (up to ``timeout``). Raises ``subprocess.CalledProcessError``
+    workloads to be ready (up to ``timeout``). ``hooks=False`` is ``--no-hooks``: helm
+    neither runs nor waits for the chart's hooks (they stay recorded in the release, for
+    ``helm get hooks``); the check chart's pre-install wait-ready Pod would never finish on a
+    kwok node, which runs nothing. Raises ``subprocess.CalledProcessError``
     with helm's stderr when helm fails.
     """
     with tempfile.TemporaryDirectory(prefix="gpu-scheduler-values-") as tmp:
@@ -80,6 +84,8 @@ def install_chart(
             args.append("--create-namespace")
         if wait:
             args += ["--wait", "--timeout", timeout]
+        if not hooks:
+            args.append("--no-hooks")
         cluster.helm(*args)
 
 

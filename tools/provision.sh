@@ -34,11 +34,13 @@ cm_dir="$CACHE/cert-manager-$CERT_MANAGER_VERSION"
 node_dir="$CACHE/kubernetes-node-$KUBERNETES_VERSION"
 containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
 pause_dir="$CACHE/pause-$PAUSE_VERSION"
+coredns_dir="$CACHE/coredns-$COREDNS_VERSION"
 kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
-    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin"
+    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
+    "$coredns_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -377,11 +379,29 @@ build_pause() {
   touch "$pause_dir/.done"
 }
 
+# The cluster DNS of the real node's pods: CoreDNS with the few plugins it uses
+# (tools/coredns/main.go), through a wrapper module that requires the pinned release.
+build_coredns() {
+  [ -f "$coredns_dir/.done" ] && return
+  check_go
+  log "building CoreDNS $COREDNS_VERSION (bind, errors, health, kubernetes, cache)"
+  local src="$CACHE/src/$(basename "$coredns_dir")"
+  rm -rf "$src"; mkdir -p "$src" "$coredns_dir/bin"
+  cp "$here/coredns/main.go" "$src/"
+  printf 'module gpu-scheduler.local/coredns\n\ngo %s\n\nrequire github.com/coredns/coredns %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$COREDNS_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+      -o "$coredns_dir/bin/coredns" .)
+  "$coredns_dir/bin/coredns" -version >&2
+  touch "$coredns_dir/.done"
+}
+
 build_node() {
   ensure_host_packages
   build_node_bins
   build_containerd
   build_pause
+  build_coredns
 }
 
 # kube-score: a static checker of the rendered charts (tests/unit/test_chart_kubescore.py,

@@ -76,6 +76,21 @@ app.kubernetes.io/component: test
 {{- end }}
 
 {{/*
+Labels of the wait-ready hook Pod: the test pods' name, so that neither the StatefulSet's
+headless Service nor the check pods' NetworkPolicy selects it, and the test pods'
+NetworkPolicy does.
+*/}}
+{{- define "gpu-scheduler-check.waitReadyPodLabels" -}}
+helm.sh/chart: {{ include "gpu-scheduler-check.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-test" (include "gpu-scheduler-check.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: wait-ready
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-scheduler
+{{- end }}
+
+{{/*
 Labels of the helm test objects.
 */}}
 {{- define "gpu-scheduler-check.testLabels" -}}
@@ -147,8 +162,9 @@ Argo CD hook annotations of the verification pod and its RBAC (tests.argocdHook)
 hook recreated on every sync, removed after a successful one (a failed one stays for
 `kubectl logs`). Wave "0", the resources' own: without it Argo CD takes the helm.sh/hook-weight
 as the wave, and a sync with several waves waits for every resource to be Healthy before
-it looks at the hook (a misplaced replica never is). Within the wave Argo CD creates the
-ServiceAccount, Role and RoleBinding before the Pod (kind order).
+it looks at the hook (a misplaced replica never is). For the same reason no other hook of
+the chart is in another wave (the pre-install wait-ready hook is skipped by Argo CD). Within
+the wave Argo CD creates the ServiceAccount, Roles and RoleBindings before the Pod (kind order).
 */}}
 {{- define "gpu-scheduler-check.argocdHook" -}}
 {{- if .Values.tests.argocdHook -}}
@@ -172,4 +188,52 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/*
+Hook annotations of the pre-install wait-ready Pod and its RBAC (templates/wait-ready.yaml),
+called with (dict "weight" "-N"): Helm runs them before install and before every upgrade,
+in weight order (RBAC, then the Pod), and deletes them once every hook of the phase
+succeeded. Argo CD skips them (argocd.argoproj.io/hook: Skip; Argo CD ignores the helm.sh
+annotations when its own are present): under Argo CD the verification Pod's first
+container waits instead (templates/tests/verify-release.yaml), because any hook outside
+wave 0 makes the sync multi-step, and a multi-step sync waits for every resource to be
+Healthy before a failed hook can end it (a misplaced replica never is).
+*/}}
+{{- define "gpu-scheduler-check.waitReadyHook" -}}
+helm.sh/hook: pre-install,pre-upgrade
+helm.sh/hook-weight: {{ .weight | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+argocd.argoproj.io/hook: Skip
+{{- end }}
+
+{{/*
+The wait-ready command's arguments (after `wait-ready`), for a Pod of ServiceAccount
+.sa: the pre-install hook and the verification Pod's init container run the same.
+Called with (dict "ctx" $ "sa" NAME).
+*/}}
+{{- define "gpu-scheduler-check.waitReadyArgs" -}}
+{{- $ := .ctx -}}
+- --namespace
+- {{ $.Release.Namespace }}
+- --map
+- {{ include "gpu-scheduler-check.schedulingMap" $ | quote }}
+- --scheduler-name
+- {{ $.Values.schedulerName | quote }}
+- --mode
+- {{ $.Values.gpuScheduling.injectionMode }}
+- --lease-namespace
+- {{ $.Values.waitReady.lease.namespace }}
+- --lease-name
+- {{ $.Values.waitReady.lease.name | quote }}
+- --image
+- {{ include "gpu-scheduler-check.image" $ | quote }}
+- --service-account
+- {{ .sa }}
+- --timeout
+- {{ $.Values.waitReady.timeoutSeconds | quote }}
+- --interval
+- {{ $.Values.waitReady.intervalSeconds | quote }}
+- --termination-message-path
+- /dev/termination-log
 {{- end }}

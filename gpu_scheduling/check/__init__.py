@@ -7,10 +7,13 @@ Subcommands (docs/dev-interfaces.md, docs/check.md):
   while the last run matched and 503 (with the failing checks) while it did not;
 * ``verify-release --namespace NS --selector SEL``: through the API, every
   selected pod is Running on its mapped node with the mapped env;
+* ``wait-ready --namespace NS --map MAP``: wait until a scheduler holds its Lease and a
+  server-side dry-run of a mapped pod comes back with its GPU variables (the check
+  chart's first hook, before its StatefulSet exists);
 * ``http-get URL``: a small HTTP(S) probe for ``helm test`` pods.
 
 One module per program: ``once_serve.py`` (``once``, ``serve``; the checks
-themselves in ``podcheck.py``), ``verify_release.py``, ``probe.py``
+themselves in ``podcheck.py``), ``verify_release.py``, ``wait_ready.py``, ``probe.py``
 (``http-get``) and ``cli.py`` (the command line); ``settings.py`` and
 ``results.py`` are shared; ``seen.py`` records what ``once``/``serve`` saw (UUID and
 PCI bus ID per GPU index) for ``kubectl``.
@@ -35,6 +38,7 @@ from gpu_scheduling.check.probe import cmd_http_get
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log_result, passed
 from gpu_scheduling.check.settings import MODES, Settings
 from gpu_scheduling.check.verify_release import PodRow, cmd_verify_release, evaluate_release
+from gpu_scheduling.check.wait_ready import cmd_wait_ready, injection_problem, lease_problem, probe_pod
 from gpu_scheduling.injection import PCI_BUS_ID
 
 __all__ = [
@@ -55,13 +59,17 @@ __all__ = [
     "cmd_once",
     "cmd_serve",
     "cmd_verify_release",
+    "cmd_wait_ready",
     "env_results",
     "evaluate_release",
     "expected_env",
+    "injection_problem",
+    "lease_problem",
     "log_result",
     "main",
     "map_results",
     "nvml_results",
     "passed",
+    "probe_pod",
     "run_checks",
 ]

@@ -13,6 +13,7 @@ from gpu_scheduling.check.probe import cmd_http_get
 from gpu_scheduling.check.results import EXIT_USAGE, log
 from gpu_scheduling.check.settings import MODES, Settings
 from gpu_scheduling.check.verify_release import cmd_verify_release
+from gpu_scheduling.check.wait_ready import DEFAULT_INTERVAL, DEFAULT_TIMEOUT, cmd_wait_ready
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +40,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write a one-line verdict naming each failing replica into this file if it exists "
         "(/dev/termination-log in a pod: Argo CD shows it for a failed hook)",
     )
+    w = sub.add_parser(
+        "wait-ready",
+        help="wait until a scheduler holds its Lease and a dry-run mapped pod comes back with its GPUs",
+    )
+    w.add_argument("--namespace", "-n", required=True, help="where the probe pod is dry-run created")
+    w.add_argument("--map", required=True, help="the gpu-scheduling-map text (its lowest ordinal is probed)")
+    w.add_argument("--scheduler-name", default="gpu-scheduler", help="spec.schedulerName of the probe pod")
+    w.add_argument("--mode", choices=list(MODES), default="cuda", help="injection mode the webhook uses")
+    w.add_argument(
+        "--lease-namespace", default="gpu-scheduler-system", help="namespace of the scheduler's Lease"
+    )
+    w.add_argument(
+        "--lease-name",
+        default="gpu-scheduler",
+        help="the scheduler's leader-election Lease; empty: skip the Lease (leader election off)",
+    )
+    w.add_argument("--image", default="gpu-scheduler-check", help="image of the probe pod (never pulled)")
+    w.add_argument("--service-account", default="", help="ServiceAccount of the probe pod (default: default)")
+    w.add_argument(
+        "--timeout", type=non_negative_float, default=DEFAULT_TIMEOUT, help="seconds to wait before failing"
+    )
+    w.add_argument(
+        "--interval", type=non_negative_float, default=DEFAULT_INTERVAL, help="seconds between polls"
+    )
+    w.add_argument("--kubeconfig", help="default: $KUBECONFIG, else in-cluster, else ~/.kube/config")
+    w.add_argument(
+        "--termination-message-path",
+        help="on failure, also write the verdict (what is still missing) into this file if it exists",
+    )
     h = sub.add_parser("http-get", help="GET a URL and expect a status (helm test)")
     h.add_argument("url")
     h.add_argument("--cafile", help="CA bundle to verify an https:// server with")
@@ -64,4 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_serve(settings)
     if args.command == "verify-release":
         return cmd_verify_release(args)
+    if args.command == "wait-ready":
+        return cmd_wait_ready(args)
     return cmd_http_get(args)

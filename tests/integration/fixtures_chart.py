@@ -50,7 +50,7 @@ def hook_commands(cluster: Any, release: str, namespace: str, hook: str = "test"
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture
 def helm_release(cluster: Any) -> Iterator[Callable[..., str]]:
-    """``install(release, namespace, values, chart=..., wait=False)`` -> release name;
+    """``install(release, namespace, values, chart=..., wait=False, hooks=True)`` -> release name;
     every release installed through it is uninstalled after the test."""
     installed: list[tuple[str, str]] = []
 
@@ -60,9 +60,10 @@ def helm_release(cluster: Any) -> Iterator[Callable[..., str]]:
         values: Mapping[str, Any] | None = None,
         chart: str | Path = SCHEDULER_CHART,
         wait: bool = False,
+        hooks: bool = True,
     ) -> str:
         installed.append((release, namespace))
-        install_chart(cluster, release, namespace, dict(values or {}), chart, wait=wait)
+        install_chart(cluster, release, namespace, dict(values or {}), chart, wait=wait, hooks=hooks)
         return release
 
     yield install

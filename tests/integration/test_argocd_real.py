@@ -28,7 +28,16 @@ import pytest
 
 from localcluster.cluster import REPO, Cluster
 from localcluster.gitops import argocd_manifest, bare_repository, start_argocd, start_cert_manager
-from localcluster.gitops_demo import APPS, CHECK_NS, SYSTEM_NS, HostComponents, Timeline, get, observe
+from localcluster.gitops_demo import (
+    APPS,
+    CHECK_NS,
+    SYSTEM_NS,
+    HostComponents,
+    Timeline,
+    app_events,
+    get,
+    observe,
+)
 from localcluster.webhook_host import ca_bundle, make_certs
 
 pytestmark = pytest.mark.cluster
@@ -124,6 +133,18 @@ def _hook_results(op: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in (op.get("syncResult") or {}).get("resources") or [] if r.get("hookType")]
 
 
+def _hook_pods(op: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The hook Pods in a sync result by role: ``verify`` (the check chart's verification,
+    whose init container is wait-ready), else by name."""
+    out: dict[str, dict[str, Any]] = {}
+    for h in _hook_results(op):
+        if h["kind"] == "Pod":
+            role = "verify" if h["name"].endswith("-test") else h["name"]
+            assert role not in out, _hook_results(op)
+            out[role] = h
+    return out
+
+
 @pytest.fixture(scope="module")
 def complete(gitops: GitOps) -> GitOps:
     """The recommended path: the complete ApplicationSet, both steps Synced and Healthy."""
@@ -162,14 +183,17 @@ def test_both_end_synced_and_healthy_with_the_replicas_placed(complete: GitOps) 
 
 def test_the_verification_hook_passes_a_correct_placement(complete: GitOps) -> None:
     """The check chart's verify-release ran as the check sync's Sync hook and passed."""
-    hooks = _hook_results(complete.operation(CHECK_APP))
-    pods = [h for h in hooks if h["kind"] == "Pod"]
-    assert len(pods) == 1 and pods[0]["hookPhase"] == "Succeeded", hooks
-    assert pods[0]["hookType"] == "Sync", pods
-    ran = [v for v in complete.hosts.hooks_done.values() if v[0] == f"{CHECK_NS}/{pods[0]['name']}"]
+    pods = _hook_pods(complete.operation(CHECK_APP))
+    assert set(pods) == {"verify"}, pods  # the pre-install wait-ready hook is Helm's: Argo CD skips it
+    pod = pods["verify"]
+    assert pod["hookType"] == "Sync" and pod["hookPhase"] == "Succeeded", pods
+    ran = [v for v in complete.hosts.hooks_done.values() if v[0] == f"{CHECK_NS}/{pod['name']}"]
     assert ran and ran[-1][1] == 0, complete.hosts.hooks_done
     # HookSucceeded: the pod and its RBAC are gone after the successful sync.
-    assert not get(complete.cluster, "pod", pods[0]["name"], "-n", CHECK_NS)
+    assert not get(complete.cluster, "pod", pod["name"], "-n", CHECK_NS)
+    # Its first (init) container, wait-ready, found the placement path working.
+    logs = [(run / "output.log").read_text() for run in _wait_runs(complete.cluster)]
+    assert logs and all('"msg":"placement path ready after ' in log for log in logs), logs
 
 
 def test_cainjector_cabundle_causes_no_out_of_sync(complete: GitOps) -> None:
@@ -229,6 +253,137 @@ def test_under_rolling_sync_drift_is_reported_and_reverted_by_a_sync(complete: G
         ),
         "the requested sync to restore the replica count",
         timeout=180,
+    )
+
+
+LEASE_MISSING = f"no scheduler holds Lease gpu-scheduler in namespace {SYSTEM_NS}"
+
+
+def _wait_runs(c: Cluster, release: str = "gpu-scheduler-check") -> set[Path]:
+    """The folders where HostComponents ran the wait-ready init container of the check's
+    verification hook pods (one per sync)."""
+    return set((c.workdir / "hooks").glob(f"{CHECK_NS}-{release}-test-*/wait-ready"))
+
+
+def _first_sync_of(app: dict[str, Any], revision: str) -> dict[str, Any]:
+    """The history entry of the first sync of ``revision`` (RollingSync may sync it twice)."""
+    entries = [h for h in app["status"].get("history") or [] if h.get("revision") == revision]
+    assert entries, app["status"].get("history")
+    return min(entries, key=lambda h: _ts(h["deployStartedAt"]))
+
+
+def _waiting_polls(log: str) -> list[dict[str, Any]]:
+    """wait-ready's "not ready yet" lines that name the missing Lease (one per poll)."""
+    return [
+        rec
+        for rec in (json.loads(line) for line in log.splitlines() if line.startswith("{"))
+        if str(rec.get("msg", "")).startswith("not ready yet") and LEASE_MISSING in rec["msg"]
+    ]
+
+
+def _applied_at(obj: dict[str, Any], manager: str = "argocd-controller") -> datetime:
+    """When ``manager`` last wrote ``obj``: the apiserver's own record (managedFields[].time)."""
+    times = [
+        _ts(m["time"]) for m in obj["metadata"].get("managedFields") or [] if m.get("manager") == manager
+    ]
+    assert times, obj["metadata"].get("managedFields")
+    return max(times)
+
+
+def test_one_commit_changing_both_charts_still_rolls_out_in_order(complete: GitOps) -> None:
+    """A new revision of both charts while the scheduler is not ready (stopped: its Lease
+    released, as while a new scheduler pod is not up yet). RollingSync may count the
+    scheduler's step complete on its previous Healthy (argo-cd issue 29410); the check chart's
+    Sync hook does not trust it: its first container (wait-ready) waits, naming the Lease, and
+    the verification, which decides the sync, starts only once a scheduler holds it again."""
+    from localcluster.gitops import commit_changes
+
+    c = complete.cluster
+    assert complete.hosts.scheduler is not None
+    before = _wait_runs(c)
+    # The scheduler stops; HostComponents restarts it only once told to (scheduler = None).
+    stopped = complete.hosts.scheduler
+    c.procs.pop("gpu-scheduler", None)
+    stopped.stop()
+    changes = {}
+    for chart in ("gpu-scheduler-chart", "gpu-scheduler-check-chart"):
+        text = (REPO / chart / "values.yaml").read_text()
+        assert "\npodAnnotations: {}\n" in text, chart
+        changes[f"{chart}/values.yaml"] = text.replace(
+            "\npodAnnotations: {}\n", '\npodAnnotations:\n  gpu-scheduler.io/test-revision: "2"\n'
+        )
+    revision = commit_changes(complete.repo_url, changes, "both charts: a pod annotation (a new revision)")
+    for app in APPS:  # what a Git webhook does: look at the repository now
+        c.kubectl(
+            "annotate",
+            "applications.argoproj.io",
+            app,
+            "-n",
+            "argocd",
+            "argocd.argoproj.io/refresh=normal",
+            "--overwrite",
+        )
+
+    def waiting_hook() -> Path | None:
+        for run in _wait_runs(c) - before:
+            if len(_waiting_polls((run / "output.log").read_text(errors="replace"))) >= 2:
+                return run  # two polls naming the Lease: it keeps waiting
+        return None
+
+    complete.wait(waiting_hook, "the check's wait-ready to wait for the scheduler's Lease", timeout=240)
+    (run,) = _wait_runs(c) - before
+    assert not (run.parent / "output.log").exists(), "the verification started while wait-ready waited"
+    complete.hosts.scheduler = None  # the scheduler comes back (next poll)
+    complete.wait(
+        lambda: (
+            complete.synced_healthy(SCHED_APP, CHECK_APP)
+            and all(complete.app(a)["status"]["sync"].get("revision") == revision for a in APPS)
+            and complete.operation(CHECK_APP).get("phase") == "Succeeded"
+            and (complete.operation(CHECK_APP).get("syncResult") or {}).get("revision") == revision
+        ),
+        "both Applications Synced to the new revision and Healthy, the check's sync Succeeded",
+        timeout=240,
+    )
+    sched, check = complete.app(SCHED_APP), complete.app(CHECK_APP)
+    lease = get(c, "lease", "gpu-scheduler", "-n", SYSTEM_NS)
+    taken = _ts(lease["spec"]["acquireTime"]).replace(microsecond=0)
+    sts = get(c, "statefulset", "gpu-scheduler-check", "-n", CHECK_NS, "--show-managed-fields")
+    applied = _applied_at(sts)
+    log = (run / "output.log").read_text(errors="replace")
+    verdict = [json.loads(line) for line in log.splitlines() if '"placement path ready after' in line]
+    sched_entry, check_entry = _first_sync_of(sched, revision), _first_sync_of(check, revision)
+    sched_healthy = _ts(sched["status"]["health"]["lastTransitionTime"])
+    print(
+        f"new revision {revision[:7]}: scheduler sync {sched_entry['deployStartedAt']}..{sched_entry['deployedAt']}, "
+        f"Healthy since {sched['status']['health']['lastTransitionTime']}; check sync from "
+        f"{check_entry['deployStartedAt']}; wait-ready waited {len(_waiting_polls(log))} polls, then "
+        f"{verdict[-1]['msg'] if verdict else '?'}; Lease taken {lease['spec']['acquireTime']}; "
+        f"StatefulSet applied {applied.isoformat()} (in the hook's wave: Argo CD does not gate it)"
+    )
+    tl = Timeline()
+    tl.wall0 = _ts(sched_entry["deployStartedAt"])
+    tl.add([*app_events(sched), *app_events(check)])
+    print(tl.text())
+    # The hook waited while no scheduler held the Lease, and passed once one did.
+    assert len(_waiting_polls(log)) >= 2 and verdict and verdict[-1]["ready"] is True, log[-3000:]
+    assert verdict[-1]["elapsed_s"] >= 2, verdict
+    assert sts["spec"]["template"]["metadata"]["annotations"]["gpu-scheduler.io/test-revision"] == "2"
+    # The verification (the hook's container, which decides the sync) started after wait-ready
+    # passed, and that was after the restarted scheduler took its Lease; the sync's success too.
+    verified = json.loads(
+        next(line for line in (run.parent / "output.log").read_text().splitlines() if line.startswith("{"))
+    )
+    assert _ts(verified["ts"]) >= _ts(verdict[-1]["ts"]) >= _ts(lease["spec"]["acquireTime"]), (
+        verified,
+        verdict,
+    )
+    assert _ts(complete.operation(CHECK_APP)["finishedAt"]) >= taken
+    # Argo CD's records: the check's sync of this revision started once the scheduler
+    # Application was Healthy on it, and after the scheduler's own sync of it started.
+    assert _ts(check_entry["deployStartedAt"]) >= sched_healthy, (check_entry, sched["status"]["health"])
+    assert _ts(check_entry["deployStartedAt"]) >= _ts(sched_entry["deployStartedAt"]), (
+        check_entry,
+        sched_entry,
     )
 
 
@@ -376,9 +531,8 @@ def test_the_check_applicationset_alone(gitops: GitOps) -> None:
         "the check Application Synced and Healthy, its verification hook passed",
     )
     assert _generated_by(gitops, "gpu-scheduler-check") == [CHECK_APP]
-    assert [h["hookPhase"] for h in _hook_results(gitops.operation(CHECK_APP)) if h["kind"] == "Pod"] == [
-        "Succeeded"
-    ]
+    pods = _hook_pods(gitops.operation(CHECK_APP))
+    assert {role: h["hookPhase"] for role, h in pods.items()} == {"verify": "Succeeded"}
 
 
 def test_a_kubectl_edit_of_a_chart_resource_is_reverted_by_self_heal(gitops: GitOps) -> None:
@@ -450,14 +604,17 @@ def test_a_misplaced_replica_fails_the_sync_naming_the_replica(gitops: GitOps) -
     )
     op = gitops.operation(app)
     assert op["phase"] == "Failed", op
-    pods = [h for h in _hook_results(op) if h["kind"] == "Pod"]
-    assert len(pods) == 1 and pods[0]["hookPhase"] == "Failed", op
-    message = pods[0]["message"]
+    pods = _hook_pods(op)
+    # The placement path works (the init container, wait-ready, passes); the verification names
+    # the misplaced replica.
+    assert set(pods) == {"verify"} and pods["verify"]["hookPhase"] == "Failed", op
+    message = pods["verify"]["message"]
+    assert not message.startswith("placement path"), message
     assert "misplaced-gpu-scheduler-check-1" in message and "no-such-node" in message, message
     assert "misplaced-gpu-scheduler-check-0" not in message, message  # replica 0 is placed right
     assert "completed unsuccessfully" in op["message"], op["message"]
     # The failed hook pod stays for `kubectl logs` (HookSucceeded deletes only on success).
-    failed = get(gitops.cluster, "pod", pods[0]["name"], "-n", CHECK_NS)
+    failed = get(gitops.cluster, "pod", pods["verify"]["name"], "-n", CHECK_NS)
     assert failed["status"]["phase"] == "Failed"
     gitops.delete_app(app)
 

@@ -163,7 +163,9 @@ def test_check_chart_scenario_installs(
     cluster: Cluster, namespace: str, helm_release: Callable[..., str], values_file: Path
 ) -> None:
     values = yaml.safe_load(values_file.read_text()) or {}
-    release = helm_release(f"gc-{namespace}", namespace, values, CHECK_CHART)
+    # --no-hooks: the pre-install wait-ready Pod would never finish on a kwok node (it runs
+    # nothing); its command is checked below and run for real in test_check_wait_ready.py.
+    release = helm_release(f"gc-{namespace}", namespace, values, CHECK_CHART, hooks=False)
     docs = manifest_objects(cluster, release, namespace)
     assert {"StatefulSet", "Service", "ServiceAccount"} <= {d["kind"] for d in docs}
     assert_objects_exist(cluster, docs, namespace)
@@ -182,6 +184,13 @@ def test_check_chart_scenario_installs(
         "--termination-message-path",
         "/dev/termination-log",
     ]
+    # The release records its pre-install/pre-upgrade hook: wait-ready on this release's map.
+    (wait,) = hook_commands(cluster, release, namespace, "pre-install")
+    assert wait.argv[:4] == ["gpu-scheduler-check", "wait-ready", "--namespace", namespace]
+    assert wait.argv[wait.argv.index("--map") + 1] == sts["spec"]["template"]["metadata"]["annotations"][
+        "gpu-scheduling-map"
+    ].rstrip("\n")
+    assert [c.argv for c in hook_commands(cluster, release, namespace, "pre-upgrade")] == [wait.argv]
 
 
 def test_webhook_url_mode_install_and_rbac(

@@ -271,18 +271,24 @@ def cluster_version(cluster: Cluster) -> str:
 
 
 @pytest.fixture
-def chart_test_identity(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
-    """The helm test's ServiceAccount, Role and RoleBinding from the chart (its Pod is not created:
-    kwok would never run it) -> (kubeconfig with that account's token, the test pod's args)."""
+def chart_test_identity(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """The helm test's ServiceAccount, Roles and RoleBindings from the chart (its Pod is not created:
+    kwok would never run it) -> (kubeconfig with that account's token, the test pod's args, its
+    init container's args).
+    The scheduler's Lease is the tests' scheduler's: in ``namespace`` (POD_NAMESPACE)."""
     values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(CHART_VALUES))
+    values_file.write_text(yaml.safe_dump({**CHART_VALUES, "waitReady": {"lease": {"namespace": namespace}}}))
     docs = render_chart_test(cluster, namespace, values_file)
     test_pod = next(d for d in docs if d["kind"] == "Pod")
     cluster.apply([d for d in docs if d["kind"] != "Pod"])
     sa = test_pod["spec"]["serviceAccountName"]
     (container,) = test_pod["spec"]["containers"]
     assert container["command"] == ["gpu-scheduler-check"]
-    yield cluster.service_account_kubeconfig(namespace, sa), list(container["args"])
+    (init,) = test_pod["spec"]["initContainers"]
+    assert init["command"] == ["gpu-scheduler-check"] and init["args"][0] == "wait-ready"
+    yield cluster.service_account_kubeconfig(namespace, sa), list(container["args"]), list(init["args"])
 
 
 def verify_release(kubeconfig: Path, args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
@@ -307,12 +313,24 @@ def test_verify_release_with_the_chart_test_account(
     namespace: str,
     webhook_server: WebhookServer,
     scheduler: ManagedProcess,
-    chart_test_identity: tuple[Path, list[str]],
+    chart_test_identity: tuple[Path, list[str], list[str]],
 ) -> None:
-    kubeconfig, args = chart_test_identity
+    kubeconfig, args, wait_args = chart_test_identity
     assert args[:2] == ["verify-release", "--namespace"]
     with register_webhooks(cluster, namespace, webhook_server):
-        install_chart(cluster, RELEASE, namespace, CHART_VALUES, chart=CHECK_CHART)
+        # The pod's first (init) container, with the same identity: the placement path works.
+        wait = subprocess.run(
+            [str(CHECK_CMD), *wait_args, "--interval", "1"],
+            env=host_env({"KUBECONFIG": str(kubeconfig)}),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert wait.returncode == 0, wait.stderr[-3000:]
+        assert "placement path ready after" in wait.stderr
+        # --no-hooks: kwok would never run the pre-install wait-ready Pod (test_check_wait_ready.py runs it).
+        install_chart(cluster, RELEASE, namespace, CHART_VALUES, chart=CHECK_CHART, hooks=False)
         res = verify_release(kubeconfig, args, timeout=90)
         assert res.returncode == 0, res.stdout + res.stderr
         rows = table(res.stdout)

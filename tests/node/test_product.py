@@ -189,6 +189,34 @@ def test_scheduler_health_and_metrics_answer_through_its_service(product: Produc
     assert '"became leader"' in log or "became leader" in log, log[-2000:]
 
 
+def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> None:
+    """The chart's own `helm test`: its pods run on the real node and reach the scheduler's and the
+    webhook's Services by their DNS names (cluster DNS: CoreDNS on the node). A passing test pod
+    is deleted (hook-succeeded), so where they ran is sampled while they run."""
+    seen: dict[str, tuple[str | None, str | None]] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for pod in _pods(product.cluster, product.namespace, "app.kubernetes.io/component=test"):
+                seen[pod["metadata"]["name"]] = (pod["spec"].get("nodeName"), pod["status"].get("phase"))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        res = product.cluster.helm("test", product.release, "-n", product.namespace, "--timeout", "180s")
+    finally:
+        done.set()
+        sampler.join(timeout=30)
+    suites = [line.split(":", 1)[1].strip() for line in res.stdout.splitlines() if line.startswith("TEST SUITE:")]
+    assert f"{product.release}-test-health" in suites and f"{product.release}-test-webhook" in suites, res.stdout
+    assert {f"{product.release}-test-health", f"{product.release}-test-webhook"} <= set(seen), seen
+    assert {node for node, _ in seen.values()} == {NODE_NAME}, seen
+    # Passed, so deleted: nothing of the test stays behind.
+    assert _pods(product.cluster, product.namespace, "app.kubernetes.io/component=test") == []
+
+
 def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
     product: Product, node_namespace: str
 ) -> None:

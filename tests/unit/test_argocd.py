@@ -304,12 +304,13 @@ def chart_kinds() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         SCHEDULER_CHART,
         values={"webhook": {"enabled": True, "caBundle": "QQ==", "tls": {"crt": "c", "key": "k"}}},
     )
-    # Helm test hooks are skipped by Argo CD, unless they are also Argo CD hooks (the
+    # Helm hooks are skipped by Argo CD when they say so (the check chart's pre-install
+    # wait-ready: hook Skip) and Helm test hooks unless they are also Argo CD hooks (the
     # check chart's verification pod and its RBAC: a Sync hook, still permission-checked).
     found = {
         (d["apiVersion"].rpartition("/")[0], d["kind"])
         for d in docs
-        if not is_hook(d) or "argocd.argoproj.io/hook" in d["metadata"].get("annotations", {})
+        if not is_hook(d) or d["metadata"]["annotations"].get("argocd.argoproj.io/hook", "Skip") != "Skip"
     }
     found.add(("", "Namespace"))  # CreateNamespace=true
     return {gk for gk in found if gk[1] in cluster_scoped}, {
@@ -368,3 +369,20 @@ def test_the_local_rewrite_changes_only_the_repository_and_the_image(
             del a["spec"]["source"]["helm"]["values"]
         assert app == old
     assert argocd_manifest(APPSETS[name].name, "file:///tmp/repo.git") == [original]
+
+
+def test_every_namespace_the_check_chart_writes_to_is_a_project_destination(project: dict[str, Any]) -> None:
+    """The check chart's verification Pod waits first (wait-ready), reading the scheduler's Lease
+    through a Role in the scheduler's namespace: the check Application writes there too, so
+    the project must allow it."""
+    allowed = {d["namespace"] for d in project["spec"]["destinations"] if d["server"] == SERVER}
+    docs = [
+        d
+        for d in render(CHECK_CHART, namespace=NAMESPACES["gpu-scheduler-check-chart"])
+        if not is_hook(d)
+        or d["metadata"]["annotations"].get("argocd.argoproj.io/hook", "Skip")
+        != "Skip"  # what Argo CD creates
+    ]
+    written = {d["metadata"].get("namespace") for d in docs}
+    assert "gpu-scheduler-system" in written, written  # the Lease Role
+    assert written <= allowed, (written, allowed)

@@ -176,8 +176,14 @@ def test_network_policies() -> None:
     assert tests["policyTypes"] == ["Ingress"] and "ingress" not in tests
     # Each selects its own pods only.
     pod_labels = sts(docs)["spec"]["template"]["metadata"]["labels"]
-    (test_pod,) = [d for d in find(docs, "Pod") if is_hook(d)]
-    test_labels = test_pod["metadata"]["labels"]
+    hook_pods = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in find(docs, "Pod") if is_hook(d)}
+    assert set(hook_pods) == {"test", "wait-ready"}
+    test_labels = hook_pods["test"]["metadata"]["labels"]
+    # The wait-ready hook pod, too, is the test policy's and nobody else's.
+    wait_labels = hook_pods["wait-ready"]["metadata"]["labels"]
+    assert selects(tests["podSelector"]["matchLabels"], wait_labels)
+    assert not selects(check["podSelector"]["matchLabels"], wait_labels)
+    assert not selects(SELECTOR, wait_labels)
     assert selects(check["podSelector"]["matchLabels"], pod_labels)
     assert not selects(check["podSelector"]["matchLabels"], test_labels)
     assert selects(tests["podSelector"]["matchLabels"], test_labels)
@@ -225,23 +231,38 @@ def test_restricted_security_context(values_file: Path) -> None:
             assert sc["runAsUser"] == 65532
 
 
+def component_hooks(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    """The hook objects of one component: ``test`` (verify-release) or ``wait-ready``."""
+    return [
+        d
+        for d in docs
+        if is_hook(d) and d["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+
+
 def test_verify_release_helm_test() -> None:
     docs = render(CHART, namespace=NS)
-    hooks = [d for d in docs if is_hook(d)]
+    hooks = component_hooks(docs, "test")
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
-    role = one(hooks, "Role")
-    # Least privilege: read the pods, and the StatefulSet for its replica count; nothing else.
+    role = one(hooks, "Role", f"{FULL}-test")
+    # Least privilege: read the pods, and the StatefulSet for its replica count; create pods
+    # for the init container's dry-run (wait-ready); nothing else.
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
     ]
-    binding = one(hooks, "RoleBinding")
     sa = one(hooks, "ServiceAccount")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
-    ]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for binding in find(hooks, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NS}
+        ]
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+    assert {b["metadata"]["name"] for b in find(hooks, "RoleBinding")} == {
+        f"{FULL}-test",
+        f"{FULL}-test-lease",
+    }
     pod = one(hooks, "Pod")
     assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     (c,) = pod["spec"]["containers"]
@@ -261,14 +282,14 @@ def test_verify_release_helm_test() -> None:
     # RBAC objects are created before the pod.
     weights = {d["kind"]: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", 0)) for d in hooks}
     assert weights["Pod"] > max(weights["ServiceAccount"], weights["Role"], weights["RoleBinding"])
-    assert not find(render(CHART, set_args=["tests.enabled=false"]), "Pod")
+    assert not component_hooks(render(CHART, set_args=["tests.enabled=false"]), "test")
 
 
 def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() -> None:
     """Argo CD runs the same pod (and its RBAC) as a Sync hook in wave 0: a PostSync hook, or
     a hook in another wave (Argo CD reads helm.sh/hook-weight as the wave), would wait for
     every resource to be Healthy, which a misplaced replica never is."""
-    hooks = [d for d in render(CHART) if is_hook(d)]
+    hooks = component_hooks(render(CHART), "test")
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     for d in hooks:
         ann = d["metadata"]["annotations"]
@@ -282,19 +303,20 @@ def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() ->
         for d in render(CHART)
         if not is_hook(d) and "argocd.argoproj.io/sync-wave" in (d["metadata"].get("annotations") or {})
     ]
-    off = [d for d in render(CHART, set_args=["tests.argocdHook=false"]) if is_hook(d)]
+    off = component_hooks(render(CHART, set_args=["tests.argocdHook=false"]), "test")
     assert off and not [
         d for d in off if any(k.startswith("argocd.argoproj.io/") for k in d["metadata"]["annotations"])
     ]
-    (pod,) = find(render(CHART, set_args=["tests.timeoutSeconds=15"]), "Pod")
+    (pod,) = find(component_hooks(render(CHART, set_args=["tests.timeoutSeconds=15"]), "test"), "Pod")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--timeout") + 1] == "15"
 
 
 def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() -> None:
-    """The verification pod (helm test, Argo CD Sync hook) only calls the API: by default it
-    goes where gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes,
-    its NoSchedule taint tolerated), never to the GPU nodes; the StatefulSet keeps its own
+    """The hook pods (the verification pod: helm test and Argo CD Sync hook; Helm's
+    pre-install/pre-upgrade wait-ready pod) only call the API: by default they go where
+    gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes, their
+    NoSchedule taint tolerated), never to the GPU nodes; the StatefulSet keeps its own
     tolerations and no nodeSelector (the map places it)."""
     control_plane = [
         {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
@@ -302,7 +324,7 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
     ]
     docs = render(CHART)
     hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
-    assert hook_pods
+    assert {p["spec"]["containers"][0]["args"][0] for p in hook_pods} == {"verify-release", "wait-ready"}
     for pod in hook_pods:
         assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
         assert pod["spec"]["tolerations"] == control_plane
@@ -310,20 +332,13 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
     assert "nodeSelector" not in spec and "tolerations" not in spec
     # Where no control-plane node is visible (a managed control plane): turned off. A map
     # is merged with the default (`{}` keeps it): null removes it.
-    (pod,) = find(render(CHART, values={"hookPods": {"nodeSelector": None, "tolerations": []}}), "Pod")
-    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
-    (pod,) = find(
-        render(
-            CHART,
-            values={
-                "hookPods": {
-                    "nodeSelector": {"node-role.kubernetes.io/control-plane": None, "pool": "system"}
-                }
-            },
-        ),
-        "Pod",
-    )
-    assert pod["spec"]["nodeSelector"] == {"pool": "system"}
+    off = find(render(CHART, values={"hookPods": {"nodeSelector": None, "tolerations": []}}), "Pod")
+    assert len(off) == len(hook_pods)
+    assert all("nodeSelector" not in p["spec"] and "tolerations" not in p["spec"] for p in off)
+    other = {"hookPods": {"nodeSelector": {"node-role.kubernetes.io/control-plane": None, "pool": "system"}}}
+    assert [p["spec"]["nodeSelector"] for p in find(render(CHART, values=other), "Pod")] == [
+        {"pool": "system"}
+    ] * len(hook_pods)
     res = template(CHART, values={"hookPods": {"nodeselector": {}}})
     assert res.returncode != 0 and "nodeselector" in res.stderr
 
@@ -369,3 +384,175 @@ def test_expect_no_gpu_reaches_the_check(fake_nvml: Path, declared: str | None, 
         check=False,
     )
     assert res.returncode == exit_code, res.stderr
+
+
+# ---------------------------------------------------------------- the wait-ready hook
+WAIT = f"{FULL}-wait-ready"
+LEASE_RULE = {
+    "apiGroups": ["coordination.k8s.io"],
+    "resources": ["leases"],
+    "resourceNames": ["gpu-scheduler"],
+    "verbs": ["get"],
+}
+
+
+def wait_hooks(**kw: Any) -> list[dict[str, Any]]:
+    return component_hooks(render(CHART, namespace=NS, **kw), "wait-ready")
+
+
+def wait_args(container: dict[str, Any]) -> dict[str, str]:
+    args = container["args"]
+    assert args[0] == "wait-ready" and container["command"] == ["gpu-scheduler-check"]
+    return dict(zip(args[1::2], args[2::2], strict=True))
+
+
+def test_wait_ready_is_a_helm_pre_install_hook_that_argocd_skips() -> None:
+    """Helm: pre-install/pre-upgrade, RBAC first by weight. Argo CD: Skip, so that every
+    Argo CD hook of the chart stays in wave 0 (a second wave would make Argo CD wait for the
+    StatefulSet to be Healthy before a failed verification could end the sync)."""
+    docs = render(CHART, namespace=NS)
+    hooks = component_hooks(docs, "wait-ready")
+    assert sorted((d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in hooks) == sorted(
+        [
+            ("ServiceAccount", WAIT, NS),
+            ("Role", WAIT, NS),
+            ("RoleBinding", WAIT, NS),
+            ("Role", f"{WAIT}-lease", "gpu-scheduler-system"),
+            ("RoleBinding", f"{WAIT}-lease", "gpu-scheduler-system"),
+            ("Pod", WAIT, NS),
+        ]
+    )
+    for d in hooks:
+        ann = d["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-install,pre-upgrade", d["kind"]
+        assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert ann["argocd.argoproj.io/hook"] == "Skip", d["kind"]
+        assert not {k for k in ann if k.startswith("argocd.argoproj.io/") and k != "argocd.argoproj.io/hook"}
+    weight = {
+        (d["kind"], d["metadata"]["name"]): int(d["metadata"]["annotations"]["helm.sh/hook-weight"])
+        for d in hooks
+    }
+    pod_weight = weight.pop(("Pod", WAIT))
+    assert pod_weight > max(weight.values())
+    assert max(w for (k, _), w in weight.items() if k in ("ServiceAccount", "Role")) < min(
+        w for (k, _), w in weight.items() if k == "RoleBinding"
+    )
+    # What Argo CD runs is all in one wave (0): no object of the chart names another.
+    argocd = [d for d in docs if d not in hooks]
+    assert {
+        (d["metadata"].get("annotations") or {}).get("argocd.argoproj.io/sync-wave", "0") for d in argocd
+    } == {"0"}
+
+
+def test_wait_ready_rbac_is_least_privilege() -> None:
+    hooks = wait_hooks()
+    roles = {d["metadata"]["name"]: d for d in hooks if d["kind"] == "Role"}
+    # create pods (a dry-run still needs the right) in its own namespace; nothing else there.
+    assert roles[WAIT]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    # get on the scheduler's one Lease, in the scheduler's namespace.
+    assert roles[f"{WAIT}-lease"]["rules"] == [LEASE_RULE]
+    sa = one(hooks, "ServiceAccount")["metadata"]["name"]
+    for b in find(hooks, "RoleBinding"):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
+        assert b["roleRef"]["name"] == b["metadata"]["name"]
+        assert b["metadata"]["namespace"] == roles[b["roleRef"]["name"]]["metadata"]["namespace"]
+    assert one(hooks, "Pod")["spec"]["serviceAccountName"] == sa
+
+
+def test_wait_ready_pod_runs_the_check_program_on_the_charts_map() -> None:
+    docs = render(
+        CHART, namespace=NS, set_args=["schedulerName=my-sched", "gpuScheduling.injectionMode=nvidia"]
+    )
+    pod = one(component_hooks(docs, "wait-ready"), "Pod")
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == 240 + 60
+    (c,) = spec["containers"]
+    arg = wait_args(c)
+    assert arg["--namespace"] == NS
+    # The very map the StatefulSet's pods carry.
+    carried = sts(docs)["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert arg["--map"] == carried.rstrip("\n") and parse(arg["--map"]) == parse(carried)
+    assert arg["--scheduler-name"] == "my-sched"
+    assert arg["--mode"] == "nvidia"
+    assert (arg["--lease-namespace"], arg["--lease-name"]) == ("gpu-scheduler-system", "gpu-scheduler")
+    assert arg["--image"] == c["image"] == sts(docs)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert arg["--service-account"] == spec["serviceAccountName"]
+    assert (arg["--timeout"], arg["--interval"]) == ("240", "2")
+    assert arg["--termination-message-path"] == c["terminationMessagePath"] == "/dev/termination-log"
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_verification_pod_waits_first_with_the_same_command() -> None:
+    """Under Argo CD (and `helm test`) the wait is the verification Pod's init container: the
+    pre-install hook's command, as the verification's ServiceAccount, which holds its rights."""
+    docs = render(CHART, namespace=NS)
+    pre_install = one(component_hooks(docs, "wait-ready"), "Pod")
+    tests = component_hooks(docs, "test")
+    pod = one(tests, "Pod")
+    (init,) = pod["spec"]["initContainers"]
+    (pre,) = pre_install["spec"]["containers"]
+    assert init["name"] == "wait-ready" and init["command"] == pre["command"]
+    assert {**wait_args(init), "--service-account": "x"} == {**wait_args(pre), "--service-account": "x"}
+    assert wait_args(init)["--service-account"] == pod["spec"]["serviceAccountName"]
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert init["securityContext"] == pod["spec"]["containers"][0]["securityContext"]
+    (lease_role,) = [d for d in tests if d["kind"] == "Role" and d["metadata"]["name"].endswith("-lease")]
+    assert lease_role["metadata"]["namespace"] == "gpu-scheduler-system" and lease_role["rules"] == [
+        LEASE_RULE
+    ]
+    # Off: no init container, no Lease Role, no create right.
+    off = component_hooks(render(CHART, namespace=NS, set_args=["waitReady.enabled=false"]), "test")
+    assert "initContainers" not in one(off, "Pod")["spec"]
+    assert [r["verbs"] for r in one(off, "Role")["rules"]] == [["get", "list"], ["get"]]
+
+
+def test_wait_ready_values() -> None:
+    custom = wait_hooks(
+        values={
+            "waitReady": {
+                "timeoutSeconds": 30,
+                "intervalSeconds": 5,
+                "lease": {"namespace": "sched", "name": "my-lease"},
+            }
+        }
+    )
+    lease_role = one([d for d in custom if d["metadata"]["name"].endswith("-lease")], "Role")
+    assert lease_role["metadata"]["namespace"] == "sched"
+    assert lease_role["rules"][0]["resourceNames"] == ["my-lease"]
+    arg = wait_args(one(custom, "Pod")["spec"]["containers"][0])
+    assert (arg["--timeout"], arg["--interval"], arg["--lease-name"]) == ("30", "5", "my-lease")
+    assert one(custom, "Pod")["spec"]["activeDeadlineSeconds"] == 90
+    # The scheduler in the check's own namespace: two Roles, two names, no clash.
+    same = wait_hooks(values={"waitReady": {"lease": {"namespace": NS}}})
+    assert len({(d["kind"], d["metadata"]["name"]) for d in same}) == len(same) == 6
+    # No Lease (leader election off): no Lease RBAC, and the program skips the check.
+    no_lease = render(CHART, namespace=NS, values={"waitReady": {"lease": {"name": ""}}})
+    assert {(d["kind"], d["metadata"]["namespace"]) for d in component_hooks(no_lease, "wait-ready")} == {
+        ("ServiceAccount", NS),
+        ("Role", NS),
+        ("RoleBinding", NS),
+        ("Pod", NS),
+    }
+    assert not [d for d in no_lease if d["metadata"]["name"].endswith("-lease")]
+    assert (
+        wait_args(one(component_hooks(no_lease, "wait-ready"), "Pod")["spec"]["containers"][0])[
+            "--lease-name"
+        ]
+        == ""
+    )
+    assert not wait_hooks(set_args=["waitReady.enabled=false"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "waitReady.timeoutSecond=3",
+        "waitReady.timeoutSeconds=0",
+        "waitReady.lease.namespace=",
+        "waitReady.lease.namespace=Bad_NS",
+        "waitReady.lease.nam=x",
+    ],
+)
+def test_schema_rejects_bad_wait_ready_values(bad: str) -> None:
+    assert template(CHART, set_args=[bad]).returncode != 0
