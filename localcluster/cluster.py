@@ -537,7 +537,15 @@ class Cluster:
 
     def register_service(self, namespace: str, name: str, port: int, target_port: int) -> None:
         """Route the apiserver's calls to Service ``namespace/name:port`` (which must exist: the
-        apiserver dials its ClusterIP) to 127.0.0.1:``target_port``."""
+        apiserver dials its ClusterIP) to a host process on port ``target_port``.
+
+        Through the Service proxy (``service_network=True``) to 127.0.0.1:``target_port``; with a
+        real node and no proxy, kube-proxy routes it as in a user's cluster: an EndpointSlice of
+        the Service names the host at the pods' gateway address, so the process must listen
+        there (or on every address), and pods reach it the same way."""
+        if self.node is not None and not self.services_file.exists():
+            self._host_endpoint(namespace, name, port, target_port)
+            return
         if not self.services_file.exists():
             raise RuntimeError("this control plane was started without service_network=True")
         table = json.loads(self.services_file.read_text())
@@ -551,6 +559,41 @@ class Cluster:
         tmp = self.services_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(table))
         tmp.replace(self.services_file)
+
+    def _host_endpoint(self, namespace: str, name: str, port: int, target_port: int) -> None:
+        """An EndpointSlice of Service ``namespace/name`` at GATEWAY:``target_port`` (the host,
+        seen from the pods' bridge): kube-proxy sends the Service's ``port`` there. The
+        EndpointSlice controller leaves it alone (another manager), beside its own, empty, slice
+        when the Service has a selector."""
+        from localcluster.node import GATEWAY
+
+        svc = json.loads(self.kubectl("get", "service", name, "-n", namespace, "-o", "json").stdout)
+        svc_port = next((p for p in svc["spec"]["ports"] if p["port"] == port), None)
+        if svc_port is None:
+            raise RuntimeError(f"Service {namespace}/{name} has no port {port}")
+        self.apply(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{name}-host",
+                    "namespace": namespace,
+                    "labels": {
+                        "kubernetes.io/service-name": name,
+                        "endpointslice.kubernetes.io/managed-by": "localcluster",
+                    },
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+                "ports": [
+                    {
+                        "name": svc_port.get("name", ""),
+                        "port": target_port,
+                        "protocol": svc_port.get("protocol", "TCP"),
+                    }
+                ],
+            }
+        )
 
     def _admission_config(self, crt: Path, key: Path) -> Path:
         """An AdmissionConfiguration whose webhook kubeconfig gives every webhook call a client certificate.

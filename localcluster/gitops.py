@@ -348,18 +348,56 @@ ARGOCD_DIR = REPO / "argocd"
 REPO_URL_ANNOTATION = "gpu-scheduler.io/repo-url"
 
 
-def argocd_manifest(name: str, repo_url: str | None = None) -> list[dict[str, Any]]:
+def argocd_manifest(name: str, repo_url: str | None = None, image: str | None = None) -> list[dict[str, Any]]:
     """The documents of ``argocd/<name>``; with ``repo_url``, the cluster Secret's
     ``gpu-scheduler.io/repo-url`` annotation (the one place, argocd/README.md) and the
-    AppProject's allow-list entry that must equal it are rewritten, nothing else."""
+    AppProject's allow-list entry that must equal it are rewritten. With ``image``
+    (``REPOSITORY:TAG``, an image already on the nodes), every ApplicationSet's Helm values
+    get ``image.repository``, ``image.tag`` and ``image.pullPolicy: Never``, where
+    argocd/README.md tells users to set their image (each list element's ``helmValues``, or
+    the template's ``helm.values``). Nothing else changes."""
     docs = [d for d in yaml.safe_load_all((ARGOCD_DIR / name).read_text()) if d]
-    if repo_url:
-        for d in docs:
+    for d in docs:
+        if repo_url:
             if d["kind"] == "Secret" and REPO_URL_ANNOTATION in d["metadata"].get("annotations", {}):
                 d["metadata"]["annotations"][REPO_URL_ANNOTATION] = repo_url
             if d["kind"] == "AppProject":
                 d["spec"]["sourceRepos"] = [repo_url]
+        if image and d["kind"] == "ApplicationSet":
+            _set_appset_image(d, image)
     return docs
+
+
+def _set_appset_image(appset: dict[str, Any], image: str) -> None:
+    repository, _, tag = image.rpartition(":")
+    if not repository or "/" in tag:
+        raise ValueError(f"image {image!r} is not REPOSITORY:TAG")
+
+    def rewrite(text: str) -> str:
+        values = yaml.safe_load(text) or {}
+        values["image"] = {
+            **(values.get("image") or {}),
+            "repository": repository,
+            "tag": tag,
+            "pullPolicy": "Never",
+        }
+        return yaml.safe_dump(values, sort_keys=False)
+
+    found = 0
+    for gen in appset["spec"].get("generators") or []:
+        for sub in [gen, *((gen.get("matrix") or {}).get("generators") or [])]:
+            for element in (sub.get("list") or {}).get("elements") or []:
+                if "helmValues" in element:
+                    element["helmValues"] = rewrite(element["helmValues"])
+                    found += 1
+    helm = appset["spec"]["template"]["spec"]["source"].get("helm") or {}
+    if "{{" not in str(helm.get("values", "{{")):
+        helm["values"] = rewrite(helm["values"])
+        found += 1
+    if not found:
+        raise ValueError(
+            f"ApplicationSet {appset['metadata']['name']} has no Helm values to set the image in"
+        )
 
 
 __all__ = [

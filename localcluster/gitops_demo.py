@@ -1,12 +1,21 @@
-"""``make gitops-demo``: argocd/ synced by a real Argo CD, certificates by a real cert-manager.
+"""``make gitops-demo``: argocd/ synced by a real Argo CD, certificates by a real cert-manager,
+the product running as real pods.
 
-The control plane (with its Service network), cert-manager and Argo CD start as host
-processes; this checkout is committed into a local bare repository; argocd/ is
-applied with only the repository URL rewritten (the cluster Secret's annotation, and
-the AppProject allow-list entry that must equal it). The scheduler and webhook pods
-the chart deploys are kwok pods that run nothing, so the real scheduler and webhook
-run as host processes with the ServiceAccounts (and the webhook with the certificate)
-Argo CD and cert-manager created. Prints a timeline and the check chart's placement.
+Builds the image of this tree (localcluster/image.py) and starts the control plane with the
+kwok GPU nodes and one real kubelet node (localcluster/node.py) holding it, as ``make demo``
+does; cert-manager and Argo CD run as host processes (upstream programs, not ours; the
+apiserver reaches cert-manager's webhook through its Service, routed by the node's
+kube-proxy). This checkout is committed into a local bare repository and argocd/ is applied
+with only the repository URL (the cluster Secret's annotation, and the AppProject
+allow-list entry that must equal it) and the image (``image.*`` in each ApplicationSet's
+Helm values: the image built here, ``pullPolicy: Never``) rewritten. Argo CD then syncs
+the charts: the scheduler and the webhook run as pods on the real node, so the scheduler
+Application's Healthy is the real readiness of real pods; the check chart's verification
+hook pod runs there too. Prints a timeline, the product's pods, the hook pods and the check
+chart's placement.
+
+``HostComponents`` (the scheduler, the webhook and the hook pods' commands as host
+processes) serves tests/integration/test_argocd_real.py, which runs on kwok nodes only.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +39,9 @@ import yaml
 
 from localcluster.cluster import REPO, Cluster, free_port
 from localcluster.gitops import argocd_manifest, bare_repository, start_argocd, start_cert_manager
+from localcluster.image import Image
+from localcluster.image import build as build_image
+from localcluster.node import NODE_NAME
 from localcluster.procs import ManagedProcess
 from localcluster.release import release_service_account
 from localcluster.scheduler_host import run_scheduler
@@ -48,9 +61,9 @@ def get(cluster: Cluster, *args: str) -> dict[str, Any]:
     return yaml.safe_load(res.stdout) if res.returncode == 0 else {}
 
 
-def apply_argocd(cluster: Cluster, repo_url: str, *files: str) -> None:
+def apply_argocd(cluster: Cluster, repo_url: str, *files: str, image: str | None = None) -> None:
     for name in files:
-        cluster.apply(argocd_manifest(name, repo_url))
+        cluster.apply(argocd_manifest(name, repo_url, image=image))
 
 
 HOOK_ANNOTATION = "argocd.argoproj.io/hook"
@@ -93,7 +106,9 @@ class HookRun:
 class HostComponents:
     """The scheduler and the webhook as host processes, started once their identities exist;
     and every Argo CD hook pod's command, run on the host with the pod's ServiceAccount, its
-    outcome written into the pod's status as a kubelet would."""
+    outcome written into the pod's status as a kubelet would. For a control plane whose
+    nodes are all kwok nodes (tests/integration/test_argocd_real.py); the demo runs them
+    for real on the real node."""
 
     cluster: Cluster
     procs: list[ManagedProcess] = field(default_factory=list)
@@ -567,13 +582,257 @@ def placement_table(cluster: Cluster) -> tuple[str, bool]:
     ), good
 
 
+class HookPods:
+    """Every Argo CD hook pod as last seen, from a watch of all pods (a thread): Argo CD deletes
+    a successful hook's pod at once, so polling could miss it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        from kubernetes import client, watch
+
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.error = ""
+        self._lock = threading.Lock()
+        self._api = cluster.api_client()
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            client.CoreV1Api(self._api).list_pod_for_all_namespaces, timeout_seconds=3600
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for ev in self._stream:
+                pod = ev.get("raw_object") or {}
+                meta = pod.get("metadata") or {}
+                if HOOK_ANNOTATION not in (meta.get("annotations") or {}):
+                    continue
+                status = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+                terminated = (status.get("state") or {}).get("terminated") or {}
+                with self._lock:
+                    self.pods[meta["uid"]] = {
+                        "pod": f"{meta['namespace']}/{meta['name']}",
+                        "hook": meta["annotations"][HOOK_ANNOTATION],
+                        "node": (pod.get("spec") or {}).get("nodeName") or "-",
+                        "phase": (pod.get("status") or {}).get("phase", "?"),
+                        "exit": terminated.get("exitCode"),
+                        "container": status.get("containerID", ""),
+                        "started": _ts(terminated.get("startedAt")),
+                        "finished": _ts(terminated.get("finishedAt")),
+                        "deleted": ev["type"] == "DELETED",
+                    }
+        except Exception as e:  # the connection closed by stop(), or a broken watch
+            self.error = repr(e)
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(v) for v in self.pods.values()]
+
+    def stop(self) -> None:
+        """Stop watching. The thread ends at the next event, or when the control plane stops and
+        the connection closes (a daemon thread: nothing waits for it)."""
+        self._watch.stop()
+        self._thread.join(timeout=1)
+        self._api.close()
+
+
+def component_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The scheduler chart's scheduler and webhook pods (not its helm test pods), with where and
+    how they run."""
+    rows = []
+    for pod in get(cluster, "pods", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}").get(
+        "items", []
+    ):
+        meta, spec, st = pod["metadata"], pod["spec"], pod.get("status", {})
+        component = (meta.get("labels") or {}).get("app.kubernetes.io/component", "")
+        if component not in ("scheduler", "webhook") or meta.get("deletionTimestamp"):
+            continue
+        ready: dict[str, Any] = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+        containers = st.get("containerStatuses") or []
+        rows.append(
+            {
+                "component": component,
+                "pod": meta["name"],
+                "node": spec.get("nodeName") or "-",
+                "phase": st.get("phase", "?"),
+                "ready": ready.get("status") == "True",
+                "ready_at": _ts(ready.get("lastTransitionTime")),
+                "image": ",".join(c["image"] for c in spec["containers"]),
+                "runtime": ",".join(c.get("containerID", "").partition("://")[0] or "-" for c in containers),
+                "restarts": sum(int(c.get("restartCount", 0)) for c in containers),
+            }
+        )
+    return sorted(rows, key=lambda r: (r["component"], r["pod"]))
+
+
+def observe_pods(tl: Timeline, components: list[dict[str, Any]], hooks: list[dict[str, Any]]) -> None:
+    """Timeline marks for the real pods: the scheduler's and webhook's Ready, each hook pod's run."""
+    for r in components:
+        if r["ready"]:
+            tl.mark(f"pod/{r['pod']}/ready", f"pod {r['pod']} Ready on {r['node']}", r["ready_at"])
+    for h in hooks:
+        if h["finished"]:
+            tl.mark(
+                f"hook/{h['pod']}/{h['started']}",
+                f"hook pod {h['pod']} ({h['hook']}) ran on {h['node']}: exit {h['exit']}",
+                h["finished"],
+            )
+
+
+def rows_text(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = [head, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+@dataclass
+class Outcome:
+    """What the demo saw once both Applications settled (or the time ran out)."""
+
+    synced: bool  # both Applications Synced and Healthy, their sync operations Succeeded
+    settled: bool  # the RollingSync over: both steps Healthy, no sync queued or running
+    timeline: Timeline
+    components: list[dict[str, Any]]
+    hooks: list[dict[str, Any]]
+    hook_results: list[dict[str, Any]]  # the check sync's hook entries, from Argo CD's syncResult
+    placement: str
+    placed: bool
+
+    @property
+    def components_ok(self) -> bool:
+        """The scheduler and the webhook each run as Ready pods on the real node, in containers."""
+        return {r["component"] for r in self.components} == {"scheduler", "webhook"} and all(
+            r["node"] == NODE_NAME and r["phase"] == "Running" and r["ready"] and r["runtime"] == "containerd"
+            for r in self.components
+        )
+
+    @property
+    def hooks_ok(self) -> bool:
+        """Argo CD's check sync ran its Pod hook(s), each Succeeded, and each of those pods ran on
+        the real node and exited 0."""
+        pods = [h for h in self.hook_results if h.get("kind") == "Pod"]
+        if not pods or any(h.get("hookPhase") != "Succeeded" for h in pods):
+            return False
+        for h in pods:
+            ran = [s for s in self.hooks if s["pod"] == f"{h.get('namespace') or CHECK_NS}/{h['name']}"]
+            if not ran or not all(s["node"] == NODE_NAME for s in ran) or ran[-1]["exit"] != 0:
+                return False
+        return True
+
+    @property
+    def ok(self) -> bool:
+        return self.synced and self.settled and self.components_ok and self.hooks_ok and self.placed
+
+
+COMPLETE_APPSET = "gpu-scheduler-complete"
+
+
+def rollout_settled(cluster: Cluster) -> tuple[bool, dict[str, Any]]:
+    """Whether the RollingSync is over: the ApplicationSet reports both Applications Healthy
+    (it stops triggering syncs) and neither has a sync queued or running; with the check
+    Application's last sync operation. While the ApplicationSet waits to see step 2 start it
+    may trigger its sync again, so a Succeeded sync can be followed by another one."""
+    appset = get(cluster, "applicationsets.argoproj.io", COMPLETE_APPSET, "-n", "argocd")
+    steps = {
+        s["application"]: s.get("status") for s in appset.get("status", {}).get("applicationStatus") or []
+    }
+    settled = set(steps) == set(APPS) and all(s == "Healthy" for s in steps.values())
+    op: dict[str, Any] = {}
+    for name in APPS:
+        app = get(cluster, "applications.argoproj.io", name, "-n", "argocd")
+        op = app.get("status", {}).get("operationState") or {}
+        settled = settled and not app.get("operation") and op.get("phase") == "Succeeded"
+    return settled, op
+
+
+def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 300) -> Outcome:
+    """Apply argocd/ (repository URL and image rewritten) to a control plane with a real node,
+    cert-manager and Argo CD running, and follow it until both Applications are Synced and
+    Healthy, the scheduler and the webhook pods Ready on the real node and the RollingSync
+    settled (no sync queued or running), or ``timeout``."""
+    tl = Timeline()
+    hooks = HookPods(cluster)
+    op: dict[str, Any] = {}
+    settled = False
+    try:
+        apply_argocd(
+            cluster,
+            repo_url,
+            "gpu-scheduler-project.yaml",
+            "local-cluster-secret.yaml",
+            "gpu-scheduler-complete-applicationset.yaml",
+            image=image.ref,
+        )
+        deadline = time.monotonic() + timeout
+        synced = False
+        components: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            synced = observe(cluster, tl, APPS)
+            components = component_pods(cluster)
+            observe_pods(tl, components, hooks.seen())
+            if synced and components and all(r["ready"] for r in components):
+                settled, op = rollout_settled(cluster)
+                if settled:
+                    break
+            time.sleep(0.5)
+        # A pod's last events (its exit, its deletion) arrive within a moment of Argo CD's record.
+        time.sleep(1)
+        observe_pods(tl, components, hooks.seen())
+    finally:
+        hooks.stop()
+    results = [r for r in (op.get("syncResult") or {}).get("resources") or [] if r.get("hookType")]
+    placement, placed = placement_table(cluster)
+    return Outcome(synced, settled, tl, components, hooks.seen(), results, placement, placed)
+
+
+def report(outcome: Outcome) -> None:
+    print("\nTimeline (seconds after argocd/ was applied):")
+    print(outcome.timeline.text())
+    print(f"\nThe scheduler chart's pods (Argo CD synced them; they run on the real node {NODE_NAME}):")
+    print(
+        rows_text(
+            ("COMPONENT", "POD", "NODE", "PHASE", "READY", "RUNTIME", "RESTARTS", "IMAGE"),
+            [
+                (
+                    r["component"],
+                    r["pod"],
+                    r["node"],
+                    r["phase"],
+                    "yes" if r["ready"] else "no",
+                    r["runtime"],
+                    str(r["restarts"]),
+                    r["image"],
+                )
+                for r in outcome.components
+            ],
+        )
+    )
+    print("\nArgo CD hook pods (a successful hook's pod is deleted by Argo CD; seen by a watch):")
+    print(
+        rows_text(
+            ("POD", "HOOK", "NODE", "PHASE", "EXIT"),
+            [
+                (h["pod"], h["hook"], h["node"], h["phase"], "-" if h["exit"] is None else str(h["exit"]))
+                for h in outcome.hooks
+            ],
+        )
+    )
+    print("\nPlacement of the check chart's StatefulSet (gpu-scheduler-tests):")
+    print(outcome.placement)
+
+
 def run(workdir: Path | None = None, timeout: float = 300) -> int:
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gpu-scheduler-gitops-"))
     started = time.monotonic()
+    say("building the image from the Dockerfile (make image: mmdebstrap base + buildah, no Docker)")
+    image = build_image()
     say(
-        "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, kwok, Service proxy)"
+        "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, "
+        "kwok GPU nodes) and a real kubelet node (containerd, runc, CNI bridge, kube-proxy)"
     )
-    cluster = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, service_network=True)
+    cluster = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, real_node=True, images=[image.archive])
     try:
         say("starting cert-manager (controller, cainjector, webhook) as host processes")
         start_cert_manager(cluster)
@@ -584,42 +843,50 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
         start_argocd(cluster)
         repo_url = bare_repository(workdir / "git" / "gpu-scheduler.git", REPO)
         say(f"this checkout committed into {repo_url} (branch main)")
-        say(f"applying argocd/ with gpu-scheduler.io/repo-url={repo_url} (nothing else changed)")
-        tl = Timeline()
-        apply_argocd(
-            cluster,
-            repo_url,
-            "gpu-scheduler-project.yaml",
-            "local-cluster-secret.yaml",
-            "gpu-scheduler-complete-applicationset.yaml",
+        say(
+            f"applying argocd/ with gpu-scheduler.io/repo-url={repo_url} and image {image.ref} "
+            "(pullPolicy Never) in the ApplicationSets' Helm values; nothing else changed"
         )
-        hosts = HostComponents(cluster)
-        deadline = time.monotonic() + timeout
-        done = False
-        while time.monotonic() < deadline:
-            hosts.poll()
-            if observe(cluster, tl, APPS) and hosts.webhook and hosts.scheduler:
-                done = True
-                break
-            time.sleep(0.5)
-        print("\nTimeline (seconds after argocd/ was applied):")
-        print(tl.text())
-        print(
-            "\nThe chart's scheduler, webhook and hook pods are kwok pods that run nothing; the real "
-            "programs ran as host processes:"
-        )
-        for note in hosts.notes:
-            print(f"  - {note}")
-        table, good = placement_table(cluster)
-        print("\nPlacement of the check chart's StatefulSet (gpu-scheduler-tests):")
-        print(table)
+        outcome = sync_argocd(cluster, image, repo_url, timeout)
+        report(outcome)
         print(f"\ngitops-demo took {time.monotonic() - started:.0f}s")
-        if not (done and good):
-            say(f"NOT done: Applications not Synced+Healthy or placement wrong; logs in {workdir / 'logs'}")
+        if not outcome.ok:
+            say(
+                "NOT done: "
+                + "; ".join(
+                    what
+                    for what, good in (
+                        ("Applications not Synced+Healthy or their syncs not Succeeded", outcome.synced),
+                        ("the RollingSync did not settle (a sync still queued or running)", outcome.settled),
+                        (f"scheduler/webhook not Ready pods on {NODE_NAME}", outcome.components_ok),
+                        (f"the verification hook did not Succeed on {NODE_NAME}", outcome.hooks_ok),
+                        ("placement wrong", outcome.placed),
+                    )
+                    if not good
+                )
+                + f"; logs in {workdir / 'logs'}"
+            )
             with contextlib.suppress(Exception):
                 print(cluster.kubectl("get", "applications.argoproj.io", "-n", "argocd", "-o", "wide").stdout)
+                print(cluster.kubectl("get", "pods", "-A", "-o", "wide").stdout)
+                print(
+                    cluster.kubectl(
+                        "logs",
+                        "-n",
+                        SYSTEM_NS,
+                        "-l",
+                        f"app.kubernetes.io/instance={RELEASE}",
+                        "--tail=30",
+                        "--all-containers",
+                        "--prefix",
+                        check=False,
+                    ).stdout
+                )
             return 1
-        say("both Applications Synced and Healthy, in order; every replica on its mapped node with its GPUs")
+        say(
+            "both Applications Synced and Healthy, in order; the scheduler and the webhook Ready as pods "
+            f"on {NODE_NAME}; the verification hook Succeeded there; every replica on its mapped node with its GPUs"
+        )
         return 0
     finally:
         cluster.stop()

@@ -3,5 +3,5 @@
 
 .PHONY: gitops-demo
 
-gitops-demo: venv tools ## Real Argo CD + cert-manager sync argocd/ from a local bare repo; prints the timeline and placement
+gitops-demo: venv tools image ## Real Argo CD + cert-manager sync argocd/ from a local bare repo onto the real node; prints the timeline and placement
 	$(PY) -m localcluster.gitops_demo

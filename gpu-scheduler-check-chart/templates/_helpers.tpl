@@ -175,6 +175,22 @@ argocd.argoproj.io/sync-wave: "0"
 {{- end }}
 
 {{/*
+Placement of the hook pods (hookPods): nodeSelector and tolerations, at the pod spec's
+indentation. They only call the API, so they go where the scheduler and the webhook run
+(control-plane nodes by default), never to the GPU nodes the map names.
+*/}}
+{{- define "gpu-scheduler-check.hookPodPlacement" -}}
+{{- with .Values.hookPods.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.hookPods.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
 Hook annotations of the pre-install wait-ready Pod and its RBAC (templates/wait-ready.yaml),
 called with (dict "weight" "-N"): Helm runs them before install and before every upgrade,
 in weight order (RBAC, then the Pod), and deletes them once every hook of the phase

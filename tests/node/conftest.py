@@ -2,8 +2,9 @@
 
 One control plane with a real kubelet node (localcluster/node.py) serves the whole
 package (``node_cluster``); the product is installed into it once (``product``), as a
-user installs it. Only one real node runs on a host at a time: tests/node/test_host.py,
-which starts and stops nodes of its own, runs before the package's node is started.
+user installs it. Only one real node runs on a host at a time: tests/node/test_host.py and
+tests/node/test_gitops.py, which start and stop nodes of their own, run before the
+package's node is started.
 """
 
 from __future__ import annotations
@@ -24,19 +25,19 @@ from localcluster.webhook_host import make_certs
 
 RELEASE, SYSTEM_NS = "gpu-scheduler", "gpu-scheduler-system"
 HERE = Path(__file__).resolve().parent
-# Runs first: it starts and stops real nodes of its own (one real node per host at a time).
-FIRST = "test_host.py"
+# Run first: they start and stop real nodes of their own (one real node per host at a time).
+FIRST = ("test_host.py", "test_gitops.py")
 # Runs last: it uninstalls the package's product.
 LAST = "test_helm_uninstall_leaves_nothing_behind"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order this package's tests: the host test first, the uninstall last (in place)."""
+    """Order this package's tests: those with nodes of their own first, the uninstall last (in place)."""
     idx = [i for i, it in enumerate(items) if Path(str(it.path)).parent == HERE]
     mine = [items[i] for i in idx]
 
     def key(it: pytest.Item) -> int:
-        if Path(str(it.path)).name == FIRST:
+        if Path(str(it.path)).name in FIRST:
             return 0
         return 2 if it.name == LAST else 1
 

@@ -341,6 +341,36 @@ def test_validate_script_pins_the_argocd_version() -> None:
     assert "go mod download" in script
 
 
+@pytest.mark.parametrize("name", sorted(APPSETS))
+def test_the_local_rewrite_changes_only_the_repository_and_the_image(
+    name: str, secret: dict[str, Any]
+) -> None:
+    """What `make gitops-demo` applies (localcluster.gitops.argocd_manifest): the files users
+    apply, with the image of this tree where argocd/README.md says to set one (each Application's
+    Helm values) and nothing else of them changed."""
+    from localcluster.gitops import argocd_manifest
+
+    ref = "localhost/gpu-scheduler:dev-0123456789ab"
+    (original,) = [d for d in yaml.safe_load_all(APPSETS[name].read_text()) if d]
+    (rewritten,) = argocd_manifest(APPSETS[name].name, "file:///tmp/repo.git", image=ref)
+    apps, before = generate(rewritten, secret), generate(original, secret)
+    assert len(apps) == len(before) >= 1
+    for app, old in zip(apps, before, strict=True):
+        values = yaml.safe_load(app["spec"]["source"]["helm"]["values"])
+        old_values = yaml.safe_load(old["spec"]["source"]["helm"]["values"])
+        assert values.pop("image") == {
+            "repository": "localhost/gpu-scheduler",
+            "tag": "dev-0123456789ab",
+            "pullPolicy": "Never",
+        }
+        old_values.pop("image")
+        assert values == old_values
+        for a in (app, old):
+            del a["spec"]["source"]["helm"]["values"]
+        assert app == old
+    assert argocd_manifest(APPSETS[name].name, "file:///tmp/repo.git") == [original]
+
+
 def test_every_namespace_the_check_chart_writes_to_is_a_project_destination(project: dict[str, Any]) -> None:
     """The check chart's verification Pod waits first (wait-ready), reading the scheduler's Lease
     through a Role in the scheduler's namespace: the check Application writes there too, so

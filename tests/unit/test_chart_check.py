@@ -312,6 +312,37 @@ def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() ->
     assert args[args.index("--timeout") + 1] == "15"
 
 
+def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() -> None:
+    """The hook pods (the verification pod: helm test and Argo CD Sync hook; Helm's
+    pre-install/pre-upgrade wait-ready pod) only call the API: by default they go where
+    gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes, their
+    NoSchedule taint tolerated), never to the GPU nodes; the StatefulSet keeps its own
+    tolerations and no nodeSelector (the map places it)."""
+    control_plane = [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    docs = render(CHART)
+    hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
+    assert {p["spec"]["containers"][0]["args"][0] for p in hook_pods} == {"verify-release", "wait-ready"}
+    for pod in hook_pods:
+        assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+        assert pod["spec"]["tolerations"] == control_plane
+    spec = pod_spec(sts(docs))
+    assert "nodeSelector" not in spec and "tolerations" not in spec
+    # Where no control-plane node is visible (a managed control plane): turned off. A map
+    # is merged with the default (`{}` keeps it): null removes it.
+    off = find(render(CHART, values={"hookPods": {"nodeSelector": None, "tolerations": []}}), "Pod")
+    assert len(off) == len(hook_pods)
+    assert all("nodeSelector" not in p["spec"] and "tolerations" not in p["spec"] for p in off)
+    other = {"hookPods": {"nodeSelector": {"node-role.kubernetes.io/control-plane": None, "pool": "system"}}}
+    assert [p["spec"]["nodeSelector"] for p in find(render(CHART, values=other), "Pod")] == [
+        {"pool": "system"}
+    ] * len(hook_pods)
+    res = template(CHART, values={"hookPods": {"nodeselector": {}}})
+    assert res.returncode != 0 and "nodeselector" in res.stderr
+
+
 def test_long_release_names_fit_pod_names() -> None:
     docs = render(CHART, release="r" * 53)
     name = sts(docs)["metadata"]["name"]

@@ -1,0 +1,103 @@
+"""`make gitops-demo` on the real node: Argo CD syncs argocd/ from a local bare repository,
+the scheduler and the webhook run as pods on the real kubelet from the image built here, and
+the check chart's verification hook pod runs there too, so the scheduler Application's
+Healthy is the readiness of real pods.
+
+It starts a control plane with a real node of its own (cert-manager and Argo CD as host
+processes, as the demo does): tests/node/conftest.py runs it before the package's node, as
+only one real node runs on a host at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import KWOK_ANNOTATION, REPO, Cluster
+from localcluster.gitops import bare_repository, start_argocd, start_cert_manager
+from localcluster.gitops_demo import APPS, CHECK_NS, RELEASE, SYSTEM_NS, get, report, sync_argocd
+from localcluster.image import Image
+from localcluster.node import NODE_NAME
+
+pytestmark = pytest.mark.cluster
+SCHED_APP, CHECK_APP = APPS
+
+
+def _ts(s: str) -> datetime:
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def _pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_image: Image) -> None:
+    c = Cluster.start(
+        tmp_path / "cluster", gpu_nodes=3, gpus_per_node=4, real_node=True, images=[product_image.archive]
+    )
+    try:
+        start_cert_manager(c)
+        start_argocd(c)
+        repo_url = bare_repository(tmp_path / "git" / "gpu-scheduler.git", REPO)
+        outcome = sync_argocd(c, product_image, repo_url, timeout=300)
+        report(outcome)  # in the test's output, for a failure
+
+        # Both Applications Synced and Healthy, their syncs Succeeded; every replica placed.
+        assert outcome.synced, c.kubectl(
+            "get", "applications.argoproj.io", "-n", "argocd", "-o", "yaml"
+        ).stdout
+        assert outcome.placed, outcome.placement
+        # The RollingSync is over: no sync of either Application is queued or running.
+        assert outcome.settled, get(
+            c, "applicationsets.argoproj.io", "gpu-scheduler-complete", "-n", "argocd"
+        )
+
+        # The scheduler and the webhook: Argo CD's Deployments, running as containers on the
+        # real kubelet node from the image built here, Ready.
+        for dep in ("gpu-scheduler", "gpu-scheduler-webhook"):
+            d = get(c, "deployment", dep, "-n", SYSTEM_NS)
+            tracking = d["metadata"].get("annotations", {}).get("argocd.argoproj.io/tracking-id", "")
+            assert tracking.startswith(f"{SCHED_APP}:apps/Deployment:{SYSTEM_NS}/{dep}"), d["metadata"]
+        node = get(c, "node", NODE_NAME)
+        assert KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}), "not the real kubelet"
+        pods = _pods(c, SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}")
+        components = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods}
+        assert {"scheduler", "webhook"} <= components, components
+        ready_at = []
+        for p in pods:
+            if p["metadata"]["labels"].get("app.kubernetes.io/component") not in ("scheduler", "webhook"):
+                continue
+            name = p["metadata"]["name"]
+            assert p["spec"]["nodeName"] == NODE_NAME, name
+            assert p["status"]["phase"] == "Running", (name, p["status"])
+            (ready,) = [x for x in p["status"]["conditions"] if x["type"] == "Ready"]
+            assert ready["status"] == "True", (name, p["status"]["conditions"])
+            ready_at.append((name, _ts(ready["lastTransitionTime"])))
+            for cs in p["status"]["containerStatuses"]:
+                assert cs["containerID"].startswith("containerd://"), (name, cs)
+                assert cs["image"].endswith(product_image.ref.split("/", 1)[1]), (name, cs["image"])
+                assert cs["ready"] and "running" in cs["state"], (name, cs)
+        assert outcome.components_ok, outcome.components
+
+        # Argo CD's Healthy waited for those pods: the check's first sync (step 2 of the
+        # RollingSync, started when step 1 was Healthy) began after every one of them was Ready.
+        history = get(c, "applications.argoproj.io", CHECK_APP, "-n", "argocd")["status"]["history"]
+        check_started = min(_ts(h["deployStartedAt"]) for h in history)
+        late = [(n, t.isoformat()) for n, t in ready_at if t > check_started]
+        assert not late, (check_started.isoformat(), late)
+
+        # The verification hook ran for real on the real node and passed: Argo CD's record,
+        # and the hook pods themselves (deleted by Argo CD once they succeeded).
+        assert outcome.hooks_ok, (outcome.hook_results, outcome.hooks)
+        assert outcome.hooks and all(
+            h["node"] == NODE_NAME and h["container"].startswith("containerd://") for h in outcome.hooks
+        ), outcome.hooks
+        assert all(h["pod"].startswith(f"{CHECK_NS}/") for h in outcome.hooks), outcome.hooks
+        assert outcome.ok
+    finally:
+        c.stop()
