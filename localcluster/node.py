@@ -520,16 +520,28 @@ def _cgroup_pids() -> set[int]:
 
 
 def _shim_pids(node_dir: Path) -> set[int]:
-    """containerd-shim-runc-v2 processes of this node's containerd (they outlive containerd)."""
-    marker = str(node_dir / "containerd").encode()
+    """containerd-shim-runc-v2 processes of this node's containerd (they outlive containerd).
+    A shim's command line names its containerd's socket (``-address``), in the node's short folder."""
+    markers = (str(socket_dir(node_dir)).encode() + b"/", str(node_dir / "containerd").encode())
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         with contextlib.suppress(OSError):
             cmd = (d / "cmdline").read_bytes()
-            if b"containerd-shim" in cmd and marker in cmd:
+            if b"containerd-shim" in cmd and any(m in cmd for m in markers):
                 out.add(int(d.name))
+    return out
+
+
+def _all_shims() -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmd = (d / "cmdline").read_bytes()
+                if b"containerd-shim" in cmd and b"gs-node-" in cmd:
+                    out.add(int(d.name))
     return out
 
 
@@ -578,11 +590,17 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
     problems: list[str] = []
     state_file = node_dir / "host-state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
-    # Containers first (their processes live in the node's cgroups), then the shims.
-    _kill_pids(_cgroup_pids())
-    _kill_pids(_shim_pids(node_dir))
+    # Containers first (their processes live in the node's cgroups), then the shims. Each step
+    # goes on when an earlier one failed: what is left is reported, never silently kept.
+    for step in (lambda: _kill_pids(_cgroup_pids()), lambda: _kill_pids(_shim_pids(node_dir))):
+        try:
+            step()
+        except OSError as e:
+            problems.append(f"killing the node's processes: {e!r}")
     if containerd is not None:
         containerd.stop(timeout=10)
+    if _shim_pids(node_dir):
+        problems.append(f"containerd shims still running: {sorted(_shim_pids(node_dir))}")
     for mnt in sorted(_mounts_under(node_dir) + _mounts_under(socket_dir(node_dir)), key=len, reverse=True):
         res = _run("umount", "-l", mnt, check=False)
         if res.returncode != 0 and Path(mnt).exists():
@@ -634,6 +652,8 @@ def host_snapshot() -> dict[str, Any]:
             if "/node/containerd/" in m or "/var/lib/gs-node-" in m or "/node/kubelet/" in m
         ),
         "node_dirs": sorted(str(p) for p in Path("/var/lib").glob("gs-node-*")),
+        # Any node's containerd shims (they outlive containerd when nobody kills them).
+        "shims": sorted(_all_shims()),
         "container_log_links": sorted(p.name for p in CONTAINER_LOG_LINKS.iterdir())
         if CONTAINER_LOG_LINKS.is_dir()
         else None,

@@ -82,6 +82,50 @@ class Product:
         out = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", sel, "-o", "json").stdout
         return [p for p in json.loads(out)["items"] if p["metadata"].get("deletionTimestamp") is None]
 
+    def wait_serving(self, timeout: float = 180) -> None:
+        """Every Deployment of the release has all its replicas Ready, and the webhook Service has
+        as many ready endpoints (``rollout status`` can answer from a status the controller has
+        not updated yet, e.g. right after pods were force-deleted)."""
+        import json
+        import time
+
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            deps = json.loads(
+                self.cluster.kubectl(
+                    "get", "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}",
+                    "-o", "json",
+                ).stdout
+            )["items"]
+            ready_pods = {
+                p["metadata"]["labels"].get("app.kubernetes.io/component")
+                for p in self.pods()
+                if p["status"].get("phase") == "Running"
+                and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+            }
+            slices = json.loads(
+                self.cluster.kubectl(
+                    "get", "endpointslices", "-n", self.namespace, "-l",
+                    f"kubernetes.io/service-name={self.release}-webhook", "-o", "json",
+                ).stdout
+            )["items"]
+            ready_endpoints = sum(
+                1 for sl in slices for ep in sl.get("endpoints") or [] if (ep.get("conditions") or {}).get("ready")
+            )
+            want_webhook = sum(
+                d["spec"]["replicas"] for d in deps if d["metadata"]["name"].endswith("-webhook")
+            )
+            if (
+                all((d["status"].get("readyReplicas") or 0) == d["spec"]["replicas"] for d in deps)
+                and ready_endpoints == want_webhook
+                and ready_pods >= {"scheduler", "webhook"}
+            ):
+                return
+            last = f"deployments {[(d['metadata']['name'], d['status'].get('readyReplicas')) for d in deps]}, webhook endpoints ready {ready_endpoints}/{want_webhook}"
+            time.sleep(1)
+        raise AssertionError(f"the release is not serving after {timeout:.0f}s: {last}")
+
     def rollout(self, timeout: int = 180) -> None:
         for dep in self.cluster.kubectl(
             "get", "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}",
@@ -99,6 +143,7 @@ def product(node_cluster: Cluster, product_image: Image, tmp_path_factory: pytes
     p = Product(node_cluster, product_image, certs)
     install_chart(node_cluster, RELEASE, SYSTEM_NS, p.values())
     p.rollout()
+    p.wait_serving()
     return p
 
 

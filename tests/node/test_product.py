@@ -222,16 +222,19 @@ def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
 ) -> None:
     cluster = product.cluster
     entries = [f"{i}=node{i // 4 + 1}:{i % 4}" for i in range(12)]
+    product.wait_serving()
     sampler = BoundSampler(cluster, node_namespace, entries)
     sampler.start()
     try:
-        cluster.apply({**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}})
-        # Both webhook replicas die at once, as in a node's crash: failurePolicy Ignore admits
-        # pods unmutated meanwhile, and the scheduler must not bind them.
+        # Both webhook replicas die at once, as in a node's crash, and the burst comes while they
+        # are gone: failurePolicy Ignore admits its pods unmutated, and the scheduler must neither
+        # bind them nor lose them (it deletes them so that the StatefulSet recreates them through
+        # the webhook once it is back).
         cluster.kubectl(
             "delete", "pods", "-n", product.namespace, "-l", "app.kubernetes.io/component=webhook",
             "--grace-period=0", "--force", "--wait=false",
         )
+        cluster.apply({**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}})
 
         def all_placed() -> bool:
             pods = _pods(cluster, node_namespace, "app=burst")
@@ -242,9 +245,9 @@ def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
         wait_for(all_placed, timeout=240, interval=1, what="all 12 replicas Running once the webhook is back")
     finally:
         sampler.stop()
-    assert sampler.samples > 5
+    assert sampler.samples > 5, f"only {sampler.samples} samples: the transition was not watched"
     assert sampler.violations == [], sampler.violations[:10]
-    product.rollout()
+    product.wait_serving()
 
 
 def _dry_run_pod(cluster: Cluster, namespace: str, i: int) -> dict[str, Any]:
@@ -284,6 +287,7 @@ def test_helm_upgrade_that_rolls_the_webhook_never_admits_a_mapped_pod_without_d
                 continue
             results.append((time.monotonic(), env.get("CUDA_VISIBLE_DEVICES")))
 
+    product.wait_serving()
     worker = threading.Thread(target=admit_continuously, daemon=True)
     worker.start()
     try:
@@ -293,6 +297,7 @@ def test_helm_upgrade_that_rolls_the_webhook_never_admits_a_mapped_pod_without_d
         # A value that changes the webhook's pod template: both replicas are replaced.
         install_chart(cluster, product.release, product.namespace, product.values(logLevel="DEBUG"))
         product.rollout()
+        product.wait_serving()
         time.sleep(3)
     finally:
         done.set()
@@ -301,6 +306,7 @@ def test_helm_upgrade_that_rolls_the_webhook_never_admits_a_mapped_pod_without_d
 
         install_chart(cluster, product.release, product.namespace, product.values())
         product.rollout()
+        product.wait_serving()
     assert len(results) > 20, f"only {len(results)} admissions were made during the roll"
     missing = [r for r in results if r[1] != "1,2"]
     assert missing == [], f"{len(missing)} of {len(results)} admissions without devices: {missing[:5]}"
