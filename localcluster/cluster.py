@@ -106,7 +106,9 @@ def node_binaries() -> NodeBinaries:
     cache = containerd.parent.parent.parent
     pause_dir = cache / f"pause-{v['PAUSE_VERSION']}"
     if not (pause_dir / ".done").exists():
-        raise FileNotFoundError("the pause image is not built yet: run `make tools` (tools/provision.sh node)")
+        raise FileNotFoundError(
+            "the pause image is not built yet: run `make tools` (tools/provision.sh node)"
+        )
     return NodeBinaries(
         kubelet=tool("kubelet"),
         kube_proxy=tool("kube-proxy"),
@@ -296,15 +298,22 @@ class Cluster:
             self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
         )
         self.procs["coredns"].wait_http(dns_health, timeout=timeout)
-        self.node.start_kubelet(self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port)
+        self.node.start_kubelet(
+            self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
+        )
         self.node.start_kube_proxy(
             self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
         )
-        self.wait_until(lambda: self._ok("get", "node", NODE_NAME), timeout, f"the kubelet to register {NODE_NAME}")
+        self.wait_until(
+            lambda: self._ok("get", "node", NODE_NAME), timeout, f"the kubelet to register {NODE_NAME}"
+        )
         # The kubelet may not set node-role labels itself (NodeRestriction): label it here, so the
         # charts' default nodeSelector and tolerations (control-plane) hold unchanged.
         self.kubectl(
-            "label", "node", NODE_NAME, "--overwrite",
+            "label",
+            "node",
+            NODE_NAME,
+            "--overwrite",
             "node-role.kubernetes.io/control-plane=",
             "node.kubernetes.io/exclude-from-external-load-balancers=",
         )
@@ -710,7 +719,11 @@ class Cluster:
         return {name: p.pid for name, p in self.procs.items()}
 
     def _write_state(self) -> None:
-        state: dict[str, Any] = {"server": self.server, "kubeconfig": str(self.kubeconfig), "pids": self.pids()}
+        state: dict[str, Any] = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "pids": self.pids(),
+        }
         if self.node is not None:
             state["node_dir"] = str(self.node.dir)
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))

@@ -138,10 +138,10 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240) -
     logs = workdir / "logs"
     try:
         say("generating webhook certificates with generate-webhook-certs.py")
-        certs = make_certs(
-            workdir / "webhook-certs", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS
+        certs = make_certs(workdir / "webhook-certs", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS)
+        say(
+            f"helm install {RELEASE} ./gpu-scheduler-chart -n {SYSTEM_NS} (image {image.ref}, pullPolicy Never)"
         )
-        say(f"helm install {RELEASE} ./gpu-scheduler-chart -n {SYSTEM_NS} (image {image.ref}, pullPolicy Never)")
         install_chart(cluster, RELEASE, SYSTEM_NS, product_values(image.ref, certs))
         wait_rollout(cluster, SYSTEM_NS, RELEASE, timeout)
         print(product_pods(cluster, SYSTEM_NS, RELEASE))
@@ -177,8 +177,15 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240) -
             )
             print(
                 cluster.kubectl(
-                    "logs", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE}", "--tail=50",
-                    "--all-containers", "--prefix", check=False,
+                    "logs",
+                    "-n",
+                    SYSTEM_NS,
+                    "-l",
+                    f"app.kubernetes.io/instance={RELEASE}",
+                    "--tail=50",
+                    "--all-containers",
+                    "--prefix",
+                    check=False,
                 ).stdout
             )
         if keep:

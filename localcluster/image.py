@@ -39,7 +39,15 @@ BASE_PACKAGES = (
     "tzdata",
 )
 # What the Dockerfile copies (tests/unit/test_image.py checks this against its COPY lines).
-CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "gpu_scheduling", "scheduler", "webhook")
+CONTEXT = (
+    "Dockerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "gpu_scheduling",
+    "scheduler",
+    "webhook",
+)
 OUT_DIR = REPO / "build" / "image"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # vfs would copy every layer: overlay is what buildah uses on these hosts.
@@ -124,7 +132,9 @@ def buildah(*args: str, check: bool = True, timeout: float = 1200) -> subprocess
         timeout=timeout,
     )
     if check and res.returncode != 0:
-        raise RuntimeError(f"buildah {' '.join(args[:3])} ... failed ({res.returncode}):\n{res.stderr[-4000:]}")
+        raise RuntimeError(
+            f"buildah {' '.join(args[:3])} ... failed ({res.returncode}):\n{res.stderr[-4000:]}"
+        )
     return res
 
 

@@ -117,7 +117,11 @@ COREDNS_RBAC = [
         "kind": "ClusterRole",
         "metadata": {"name": "localcluster:coredns"},
         "rules": [
-            {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["endpoints", "services", "pods", "namespaces"],
+                "verbs": ["list", "watch"],
+            },
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
         ],
     },
@@ -125,7 +129,11 @@ COREDNS_RBAC = [
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
         "metadata": {"name": "localcluster:coredns"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "localcluster:coredns"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "localcluster:coredns",
+        },
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}],
     },
 ]
@@ -322,9 +330,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         self.ctr("images", "import", "--no-unpack=false", "--snapshotter=overlayfs", str(archive))
 
     def images(self) -> list[str]:
-        return [
-            line.split()[0] for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()
-        ]
+        return [line.split()[0] for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
 
     def start_kubelet(
         self,
@@ -341,7 +347,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         kubeconfig = self.dir / "kubelet.kubeconfig"
         kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "kubelet", crt, key))
         serving_crt, serving_key = pki.issue(
-            "kubelet-serving", f"system:node:{NODE_NAME}", dns=(NODE_NAME, "localhost"), ips=(GATEWAY,), server=True
+            "kubelet-serving",
+            f"system:node:{NODE_NAME}",
+            dns=(NODE_NAME, "localhost"),
+            ips=(GATEWAY,),
+            server=True,
         )
         port = free_port()
         config = {
@@ -495,7 +505,10 @@ def socket_dir(node_dir: Path) -> Path:
     path may hold 104 bytes, and a test's work folder is longer. One short folder per node."""
     import hashlib
 
-    return Path("/var/lib") / f"gs-node-{hashlib.sha256(str(Path(node_dir).resolve()).encode()).hexdigest()[:10]}"
+    return (
+        Path("/var/lib")
+        / f"gs-node-{hashlib.sha256(str(Path(node_dir).resolve()).encode()).hexdigest()[:10]}"
+    )
 
 
 def _kill_pids(pids: set[int]) -> None:

@@ -24,7 +24,7 @@ pytest_plugins = sorted(
     f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
 )
 
-CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product"}
+CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product", "product_image"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -366,7 +366,9 @@ def _make_worker_class() -> type:
             seconds = self.settings.drain_seconds
             if seconds <= 0:
                 return
-            log.info("draining", extra={"seconds": seconds, "connections": len(self.conns), "pid": os.getpid()})
+            log.info(
+                "draining", extra={"seconds": seconds, "connections": len(self.conns), "pid": os.getpid()}
+            )
             end = time.time() + seconds
             while time.time() < end and self.conns:
                 self.notify()

@@ -94,8 +94,14 @@ class Product:
         while time.monotonic() < deadline:
             deps = json.loads(
                 self.cluster.kubectl(
-                    "get", "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}",
-                    "-o", "json",
+                    "get",
+                    "deployments",
+                    "-n",
+                    self.namespace,
+                    "-l",
+                    f"app.kubernetes.io/instance={self.release}",
+                    "-o",
+                    "json",
                 ).stdout
             )["items"]
             ready_pods = {
@@ -106,12 +112,21 @@ class Product:
             }
             slices = json.loads(
                 self.cluster.kubectl(
-                    "get", "endpointslices", "-n", self.namespace, "-l",
-                    f"kubernetes.io/service-name={self.release}-webhook", "-o", "json",
+                    "get",
+                    "endpointslices",
+                    "-n",
+                    self.namespace,
+                    "-l",
+                    f"kubernetes.io/service-name={self.release}-webhook",
+                    "-o",
+                    "json",
                 ).stdout
             )["items"]
             ready_endpoints = sum(
-                1 for sl in slices for ep in sl.get("endpoints") or [] if (ep.get("conditions") or {}).get("ready")
+                1
+                for sl in slices
+                for ep in sl.get("endpoints") or []
+                if (ep.get("conditions") or {}).get("ready")
             )
             want_webhook = sum(
                 d["spec"]["replicas"] for d in deps if d["metadata"]["name"].endswith("-webhook")
@@ -128,8 +143,14 @@ class Product:
 
     def rollout(self, timeout: int = 180) -> None:
         for dep in self.cluster.kubectl(
-            "get", "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}",
-            "-o", "name",
+            "get",
+            "deployments",
+            "-n",
+            self.namespace,
+            "-l",
+            f"app.kubernetes.io/instance={self.release}",
+            "-o",
+            "name",
         ).stdout.split():
             self.cluster.kubectl("rollout", "status", "-n", self.namespace, dep, f"--timeout={timeout}s")
 
@@ -152,7 +173,9 @@ def node_namespace(node_cluster: Cluster) -> Iterator[str]:
     name = f"n-{uuid.uuid4().hex[:8]}"
     node_cluster.kubectl("create", "namespace", name)
     node_cluster.wait_until(
-        lambda: node_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        lambda: (
+            node_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0
+        ),
         timeout=60,
         what=f"ServiceAccount {name}/default",
     )

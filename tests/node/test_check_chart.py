@@ -35,11 +35,18 @@ def fake_nvml_on_host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return lib_dir
 
 
-def test_check_chart_pods_run_the_real_check_on_the_real_node(product: Product, fake_nvml_on_host: Path) -> None:
+def test_check_chart_pods_run_the_real_check_on_the_real_node(
+    product: Product, fake_nvml_on_host: Path
+) -> None:
     cluster = product.cluster
     cluster.kubectl(
-        "patch", "node", NODE_NAME, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"capacity": {"nvidia.com/gpu": "4"}}}),
+        "patch",
+        "node",
+        NODE_NAME,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"capacity": {"nvidia.com/gpu": "4"}}}),
     )
     repository, _, tag = product.image.ref.rpartition(":")
     values = {
@@ -51,14 +58,22 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(product: Product, 
                 {"podIndex": 1, "nodeName": NODE_NAME, "gpuDevices": "3"},
             ]
         },
-        "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+        ],
         "check": {
             "intervalSeconds": 2,
             "extraEnv": [
                 {"name": "LD_LIBRARY_PATH", "value": MOUNT},
-                *({"name": k, "value": v} for k, v in fakenvml.nvml_env(Path(MOUNT), gpus=4).items() if k != "LD_LIBRARY_PATH"),
+                *(
+                    {"name": k, "value": v}
+                    for k, v in fakenvml.nvml_env(Path(MOUNT), gpus=4).items()
+                    if k != "LD_LIBRARY_PATH"
+                ),
             ],
-            "extraVolumes": [{"name": "nvml", "hostPath": {"path": str(fake_nvml_on_host), "type": "Directory"}}],
+            "extraVolumes": [
+                {"name": "nvml", "hostPath": {"path": str(fake_nvml_on_host), "type": "Directory"}}
+            ],
             "extraVolumeMounts": [{"name": "nvml", "mountPath": MOUNT, "readOnly": True}],
         },
     }
@@ -66,7 +81,9 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(product: Product, 
         # The pre-install wait-ready hook runs first, for real, then the StatefulSet.
         install_chart(cluster, CHECK_RELEASE, CHECK_NS, values, chart=CHECK_CHART, wait=True, timeout="240s")
         pods = json.loads(
-            cluster.kubectl("get", "pods", "-n", CHECK_NS, "-l", "app.kubernetes.io/component=check", "-o", "json").stdout
+            cluster.kubectl(
+                "get", "pods", "-n", CHECK_NS, "-l", "app.kubernetes.io/component=check", "-o", "json"
+            ).stdout
         )["items"]
         assert len(pods) == 2
         for pod in pods:
@@ -89,10 +106,19 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(product: Product, 
         res = cluster.helm("test", CHECK_RELEASE, "-n", CHECK_NS, "--timeout", "240s", check=False)
         assert res.returncode == 0, res.stdout + res.stderr
         wait_for(
-            lambda: cluster.kubectl(
-                "get", "pod", f"{CHECK_RELEASE}-test", "-n", CHECK_NS, "-o", "jsonpath={.spec.nodeName}", check=False
-            ).stdout
-            == NODE_NAME,
+            lambda: (
+                cluster.kubectl(
+                    "get",
+                    "pod",
+                    f"{CHECK_RELEASE}-test",
+                    "-n",
+                    CHECK_NS,
+                    "-o",
+                    "jsonpath={.spec.nodeName}",
+                    check=False,
+                ).stdout
+                == NODE_NAME
+            ),
             timeout=10,
             what="the verification pod on the real node",
         )

@@ -51,10 +51,17 @@ def _run_once(workdir: Path, image: Image) -> None:
         pod["spec"]["containers"][0]["image"] = image.ref
         c.apply(pod)
         wait_for(
-            lambda: c.kubectl(
-                "get", "pod", "sleeper", "-o", "jsonpath={.status.containerStatuses[0].ready}", check=False
-            ).stdout
-            == "true",
+            lambda: (
+                c.kubectl(
+                    "get",
+                    "pod",
+                    "sleeper",
+                    "-o",
+                    "jsonpath={.status.containerStatuses[0].ready}",
+                    check=False,
+                ).stdout
+                == "true"
+            ),
             timeout=120,
             what="the sleeper pod Running on the real node",
         )

@@ -47,7 +47,10 @@ def _statefulset(name: str, entries: list[str], replicas: int | None = None) -> 
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": name}, "annotations": {"gpu-scheduling-map": "\n".join(entries)}},
+                "metadata": {
+                    "labels": {"app": name},
+                    "annotations": {"gpu-scheduling-map": "\n".join(entries)},
+                },
                 "spec": {
                     "schedulerName": "gpu-scheduler",
                     "terminationGracePeriodSeconds": 0,
@@ -133,7 +136,9 @@ def test_scheduler_and_webhook_pods_run_on_the_real_node_with_the_restricted_sec
         assert all(c["ready"] for c in pod["status"]["containerStatuses"]), f"{name} is not Ready"
         # The image our Dockerfile built, never pulled.
         assert pod["status"]["containerStatuses"][0]["image"].endswith(product.image.ref.split("/", 1)[1])
-        out = product.cluster.kubectl("exec", "-n", product.namespace, name, "--", "python", "-c", PROBE).stdout
+        out = product.cluster.kubectl(
+            "exec", "-n", product.namespace, name, "--", "python", "-c", PROBE
+        ).stdout
         seen = json.loads(out)
         assert seen["uid"] == 65532 and seen["gid"] == 65532, (name, seen)
         assert seen["CapEff"] == seen["CapPrm"] == seen["CapBnd"] == "0000000000000000", (name, seen)
@@ -146,7 +151,12 @@ def test_the_apiserver_calls_the_webhook_through_its_service(product: Product, n
     cluster = product.cluster
     mwc = json.loads(
         cluster.kubectl(
-            "get", "mutatingwebhookconfigurations", "-l", f"app.kubernetes.io/instance={product.release}", "-o", "json"
+            "get",
+            "mutatingwebhookconfigurations",
+            "-l",
+            f"app.kubernetes.io/instance={product.release}",
+            "-o",
+            "json",
         ).stdout
     )["items"]
     assert mwc, "the chart registered no MutatingWebhookConfiguration"
@@ -179,10 +189,10 @@ def test_scheduler_health_and_metrics_answer_through_its_service(product: Produc
         "get", "service", product.release, "-n", product.namespace, "-o", "jsonpath={.spec.clusterIP}"
     ).stdout.strip()
     # From the host, through kube-proxy's rules, as any client in the cluster.
-    with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=10) as r:  # noqa: S310
+    with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=10) as r:
         health = json.loads(r.read())
     assert health["status"] == "ok", health
-    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=10) as r:  # noqa: S310
+    with urllib.request.urlopen(f"http://{ip}:8080/metrics", timeout=10) as r:
         metrics = r.read().decode()
     assert "gpu_scheduler_pods_bound_total" in metrics
     log = cluster.kubectl("logs", "-n", product.namespace, f"deploy/{product.release}").stdout
@@ -209,8 +219,12 @@ def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> No
     finally:
         done.set()
         sampler.join(timeout=30)
-    suites = [line.split(":", 1)[1].strip() for line in res.stdout.splitlines() if line.startswith("TEST SUITE:")]
-    assert f"{product.release}-test-health" in suites and f"{product.release}-test-webhook" in suites, res.stdout
+    suites = [
+        line.split(":", 1)[1].strip() for line in res.stdout.splitlines() if line.startswith("TEST SUITE:")
+    ]
+    assert f"{product.release}-test-health" in suites and f"{product.release}-test-webhook" in suites, (
+        res.stdout
+    )
     assert {f"{product.release}-test-health", f"{product.release}-test-webhook"} <= set(seen), seen
     assert {node for node, _ in seen.values()} == {NODE_NAME}, seen
     # Passed, so deleted: nothing of the test stays behind.
@@ -231,10 +245,19 @@ def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
         # bind them nor lose them (it deletes them so that the StatefulSet recreates them through
         # the webhook once it is back).
         cluster.kubectl(
-            "delete", "pods", "-n", product.namespace, "-l", "app.kubernetes.io/component=webhook",
-            "--grace-period=0", "--force", "--wait=false",
+            "delete",
+            "pods",
+            "-n",
+            product.namespace,
+            "-l",
+            "app.kubernetes.io/component=webhook",
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
         )
-        cluster.apply({**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}})
+        cluster.apply(
+            {**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}}
+        )
 
         def all_placed() -> bool:
             pods = _pods(cluster, node_namespace, "app=burst")
@@ -326,7 +349,9 @@ def test_helm_uninstall_leaves_nothing_behind(product: Product) -> None:
     )
 
     def left() -> list[str]:
-        out = cluster.kubectl("get", kinds, "-n", product.namespace, "-l", selector, "-o", "name").stdout.split()
+        out = cluster.kubectl(
+            "get", kinds, "-n", product.namespace, "-l", selector, "-o", "name"
+        ).stdout.split()
         return out + cluster.kubectl("get", cluster_kinds, "-l", selector, "-o", "name").stdout.split()
 
     # Cluster-scoped objects and the workloads go at once; the pods once their grace period
@@ -336,9 +361,11 @@ def test_helm_uninstall_leaves_nothing_behind(product: Product) -> None:
     # The containers are gone from the node too (only the kube-system-free node: nothing else runs there).
     assert cluster.node is not None
     wait_for(
-        lambda: not [
-            line for line in cluster.node.ctr("tasks", "ls").stdout.splitlines()[1:] if "RUNNING" in line
-        ],
+        lambda: (
+            not [
+                line for line in cluster.node.ctr("tasks", "ls").stdout.splitlines()[1:] if "RUNNING" in line
+            ]
+        ),
         timeout=90,
         what="no container running on the real node",
     )

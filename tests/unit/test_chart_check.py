@@ -176,7 +176,9 @@ def test_network_policies() -> None:
     assert tests["policyTypes"] == ["Ingress"] and "ingress" not in tests
     # Each selects its own pods only.
     pod_labels = sts(docs)["spec"]["template"]["metadata"]["labels"]
-    hook_pods = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in find(docs, "Pod") if is_hook(d)}
+    hook_pods = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in find(docs, "Pod") if is_hook(d)
+    }
     assert set(hook_pods) == {"test", "wait-ready"}
     test_labels = hook_pods["test"]["metadata"]["labels"]
     # The wait-ready hook pod, too, is the test policy's and nobody else's.
