@@ -120,17 +120,24 @@ curl_mod() { # module version -> go.mod text, via the module proxy (go mod downl
   cat "$(printf '%s' "$json" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
 }
 
-build_k8s() {
-  [ -f "$k8s_dir/.done" ] && return
-  check_go
-  local src; src=$(k8s_wrapper)
+# The -X flags that stamp KUBERNETES_VERSION into a Kubernetes binary (so /version and
+# --version report the release), for every command built from the wrapper module.
+k8s_version_ldflags() {
   local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  local x=""
+  local x="" pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     x+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     x+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=0000000000000000000000000000000000000000"
   done
+  printf '%s' "$x"
+}
+
+build_k8s() {
+  [ -f "$k8s_dir/.done" ] && return
+  check_go
+  local src; src=$(k8s_wrapper)
+  local x; x=$(k8s_version_ldflags)
   mkdir -p "$k8s_dir/bin"
   log "building kube-apiserver kube-controller-manager kube-scheduler kubectl $KUBERNETES_VERSION (cold: tens of minutes)"
   (cd "$src" && go build -ldflags "-s -w$x" -o "$k8s_dir/bin/" \
@@ -324,13 +331,7 @@ build_node_bins() {
   [ -f "$node_dir/.done" ] && return
   check_go
   local src; src=$(k8s_wrapper)
-  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
-  local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  local x=""
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    x+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    x+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=0000000000000000000000000000000000000000"
-  done
+  local x; x=$(k8s_version_ldflags)
   mkdir -p "$node_dir/bin"
   log "building kubelet kube-proxy $KUBERNETES_VERSION (cold: ~6 min after kube-apiserver)"
   (cd "$src" && go build -ldflags "-s -w$x" -o "$node_dir/bin/" \
