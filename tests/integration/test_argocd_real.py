@@ -352,7 +352,6 @@ def test_one_commit_changing_both_charts_still_rolls_out_in_order(complete: GitO
     log = (run / "output.log").read_text(errors="replace")
     verdict = [json.loads(line) for line in log.splitlines() if '"placement path ready after' in line]
     sched_entry, check_entry = _first_sync_of(sched, revision), _first_sync_of(check, revision)
-    sched_healthy = _ts(sched["status"]["health"]["lastTransitionTime"])
     print(
         f"new revision {revision[:7]}: scheduler sync {sched_entry['deployStartedAt']}..{sched_entry['deployedAt']}, "
         f"Healthy since {sched['status']['health']['lastTransitionTime']}; check sync from "
@@ -378,9 +377,11 @@ def test_one_commit_changing_both_charts_still_rolls_out_in_order(complete: GitO
         verdict,
     )
     assert _ts(complete.operation(CHECK_APP)["finishedAt"]) >= taken
-    # Argo CD's records: the check's sync of this revision started once the scheduler
-    # Application was Healthy on it, and after the scheduler's own sync of it started.
-    assert _ts(check_entry["deployStartedAt"]) >= sched_healthy, (check_entry, sched["status"]["health"])
+    # Argo CD's records: the check's sync of this revision started after the scheduler's own
+    # sync of it started. Not necessarily after the scheduler was Healthy on it: RollingSync may
+    # count the step complete on the previous Healthy (argo-cd issue 29410; CI saw the check's
+    # sync start 2 s before the scheduler's Healthy transition), which is why wait-ready exists
+    # and why the assertions above, on the Lease and the hook's own times, decide this test.
     assert _ts(check_entry["deployStartedAt"]) >= _ts(sched_entry["deployStartedAt"]), (
         check_entry,
         sched_entry,
