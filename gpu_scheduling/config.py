@@ -5,9 +5,9 @@ and the check program (``gpu_scheduling/check/settings.py``) each declare their
 settings as a tuple of :class:`Setting` rows and build a frozen dataclass from
 :func:`read`. A bad value raises :class:`SettingsError` whose message starts
 with the variable (or the flag) that holds it. The tables in
-``docs/dev-interfaces.md`` are generated from the same rows
-(``python -m gpu_scheduling.config``; ``tests/unit/test_settings_doc.py`` keeps
-them equal).
+``docs/dev-interfaces.md`` are generated from the same rows by
+:func:`markdown_table` (``tools/settings_doc.py`` assembles them; this module
+imports none of its users; ``tests/unit/test_settings_doc.py`` keeps them equal).
 """
 
 from __future__ import annotations
@@ -165,43 +165,3 @@ def markdown_table(table: Sequence[Setting], cls: type, flags: bool = False) -> 
         cells += [default_text(s, cls), s.help]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
-
-
-def tables() -> dict[str, str]:
-    """Every component's settings table, by the heading it stands under in docs/dev-interfaces.md."""
-    from gpu_scheduling.check import settings as check_settings
-    from scheduler import settings as scheduler_settings
-    from webhook import settings as webhook_settings
-
-    return {
-        "Scheduler settings": markdown_table(
-            scheduler_settings.TABLE, scheduler_settings.Settings, flags=True
-        ),
-        "Webhook settings": markdown_table(webhook_settings.TABLE, webhook_settings.Settings),
-        "Check settings": markdown_table(check_settings.TABLE, check_settings.Settings),
-    }
-
-
-def write_doc(path: str) -> None:
-    """Replace each ``<!-- settings: NAME -->`` section of ``path`` with the generated table."""
-    from pathlib import Path
-
-    doc = Path(path)
-    text = doc.read_text()
-    for heading, table in tables().items():
-        start = f"<!-- settings: {heading} -->\n"
-        head, sep, rest = text.partition(start)
-        if not sep:
-            raise KeyError(f"{path} has no section {start.strip()}")
-        text = head + start + table + "\n" + rest[rest.index("<!-- /settings -->") :]
-    doc.write_text(text)
-
-
-if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:] == ["--write"]:
-        write_doc("docs/dev-interfaces.md")
-    else:
-        for heading, table in tables().items():
-            print(f"## {heading}\n\n{table}\n")

@@ -8,7 +8,6 @@ by default (``helm template``).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -21,16 +20,13 @@ import pytest
 import yaml
 
 from tests.support.charts import CHARTS, render
+from tests.support.tools import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def release_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release_check", REPO / "tools" / "release_check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("release_check")
 
 
 VERSION = release_check().package_version()

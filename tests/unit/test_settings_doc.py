@@ -1,6 +1,6 @@
 """docs/dev-interfaces.md shows every setting the code reads, and nothing else (one table per component).
 
-The tables are generated: ``python -m gpu_scheduling.config --write`` rewrites them.
+The tables are generated: ``python tools/settings_doc.py --write`` rewrites them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_scheduling import config
+from tests.support.tools import load_tool
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "dev-interfaces.md"
 SECTION = re.compile(r"<!-- settings: (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- /settings -->", re.S)
@@ -16,10 +16,10 @@ SECTION = re.compile(r"<!-- settings: (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- /s
 
 def test_every_settings_table_in_the_doc_is_the_codes() -> None:
     found = {m["name"]: m["body"].strip() for m in SECTION.finditer(DOC.read_text())}
-    want = config.tables()
+    want = load_tool("settings_doc").tables()
     assert set(found) == set(want), "a component's settings section is missing from the doc"
     for name, table in want.items():
-        assert found[name] == table, f"{name}: run `python -m gpu_scheduling.config --write`"
+        assert found[name] == table, f"{name}: run `python tools/settings_doc.py --write`"
 
 
 def test_every_variable_of_the_code_is_in_the_doc_and_back() -> None:
