@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.report import report
-from bench.runner import REPO, SCALES, Bench, Results, log
+from bench.runner import REPO, Bench
+from bench.scales import SCALES, Results, log
 
 # Settings that change what a run measures or where it writes: the report's command names them.
 OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARM_NAMES, ARMS, Run
-from bench.runner import Results, Scale
+from bench.scales import Results, Scale
 from localcluster.cluster import versions
 
 

@@ -12,31 +12,35 @@ Order (each step on the same control plane, so the ratios compare like with like
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
 6. one more scheduler run of the largest plan under py-spy (the profile);
 7. the report (bench.report).
+
+The scales and the results record are bench/scales.py; memory, CPU time and the
+profile's summary are bench/measure.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import arms
 from bench.arms import ARMS, WEBHOOK_LABEL, Run, create_namespace, delete_pods
+from bench.measure import cpu_seconds, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
+from bench.scales import Results, Scale, log, machine
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
 from scheduler.kube import micro_time
@@ -46,140 +50,9 @@ SCHEDULER = "gpu-scheduler"
 SYSTEM_NS = "bench-system"
 
 
-@dataclass(frozen=True)
-class Scale:
-    name: str
-    groups: tuple[tuple[int, tuple[Plan, ...]], ...]  # (node count, plans run at that count)
-    reps: int
-    webhook_pods: int
-    webhook_maps: tuple[int, ...]
-    foreign: int
-    create_threads: int = 4
-    bind_threads: int = 4
-    timeout: float = 600
-
-    @property
-    def plans(self) -> list[Plan]:
-        return [p for _, plans in self.groups for p in plans]
-
-
-_DEFAULT = (100, (Plan(100, 500, 1), Plan(100, 500, 5)))
-SCALES = {
-    "smoke": Scale("smoke", ((10, (Plan(10, 20, 1), Plan(10, 20, 2))),), 1, 20, (3, 20), 50, timeout=120),
-    "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000),
-    "full": Scale(
-        "full",
-        (
-            _DEFAULT,
-            (
-                1000,
-                (Plan(1000, 500, 1), Plan(1000, 500, 5), Plan(1000, 3000, 1), Plan(1000, 3000, 5)),
-            ),
-        ),
-        3,
-        500,
-        (3, 500, 3000),
-        5000,
-    ),
-}
-
-
-@dataclass
-class Results:
-    scale: str
-    command: str
-    started: str
-    machine: dict[str, Any]
-    runs: list[Run] = field(default_factory=list)
-    memory: dict[str, float] = field(default_factory=dict)  # what -> MiB
-    memory_notes: dict[str, str] = field(default_factory=dict)
-    profile: dict[str, Any] = field(default_factory=dict)
-    duration_s: float = 0.0
-    load_end: str = ""
-
-    @classmethod
-    def from_json(cls, text: str) -> Results:
-        doc = json.loads(text)
-        runs = [Run(**{k: v for k, v in r.items() if k != "correct"}) for r in doc.pop("runs")]
-        return cls(**doc, runs=runs)
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        for run, item in zip(self.runs, doc["runs"], strict=True):
-            item["correct"] = run.correct
-        return json.dumps(doc, indent=2)
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def machine() -> dict[str, Any]:
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_kib = 0
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return {
-        "nproc": os.cpu_count(),
-        "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "cpu": cpu or platform.processor() or "unknown",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "load_start": load,
-    }
-
-
-def rss_mib(pid: int) -> float:
-    """VmRSS of ``pid`` and every descendant (gunicorn's master and workers), in MiB."""
-    total_kib = 0
-    for p in [pid, *descendants(pid)]:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total_kib += int(line.split()[1])
-    return round(total_kib / 1024, 1)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and its descendants that are alive now (gunicorn workers), in seconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Path:
     """A token of the scheduler's least-privilege ServiceAccount: the chart's own rendered RBAC,
-    as the integration tests make it (tests/support/rbac.py)."""
-    from tests.integration.fixtures_scheduler import scheduler_chart_values
-    from tests.support.rbac import render_rbac
-
+    as the integration tests make it (localcluster/rbac.py)."""
     objects = render_rbac(cluster, "gpu-scheduler-bench", namespace, "scheduler", scheduler_chart_values())
     cluster.apply(objects)
     (sa,) = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
@@ -524,85 +397,3 @@ class Bench:
             (self.workdir / "results.json").write_text(self.results.to_json())
             self.stop()
         return self.results
-
-
-def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
-    """Self and inclusive sample counts per function, and self samples per area (package)."""
-    self_counts: dict[str, int] = {}
-    incl_counts: dict[str, int] = {}
-    areas: dict[str, int] = {}
-    total = waiting = 0
-    for line in text.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        total += count
-        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
-        if not frames:
-            continue
-        leaf = frames[-1]
-        if leaf.startswith(_WAITING):
-            waiting += count
-            continue
-        self_counts[leaf] = self_counts.get(leaf, 0) + count
-        for frame in set(frames):
-            incl_counts[frame] = incl_counts.get(frame, 0) + count
-        areas[area_of(frames)] = areas.get(area_of(frames), 0) + count
-
-    def ranked(counts: dict[str, int]) -> list[tuple[str, int]]:
-        return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
-
-    return {
-        "samples": total - waiting,
-        "waiting": waiting,
-        "self": ranked(self_counts),
-        "inclusive": ranked({k: v for k, v in incl_counts.items() if not k.startswith(_THREAD_FRAMES)}),
-        "areas": ranked(areas),
-    }
-
-
-# Leaf frames of a thread that is blocked, not running: left out of the counts (py-spy's own
-# idle detection misses waits on locks and TLS reads).
-_WAITING = (
-    "Condition.wait ",
-    "Event.wait ",
-    "SSLSocket.read ",
-    "SSLSocket.recv",
-    "_PollLikeSelector.select ",
-    "poll_wait_for_socket.",
-    "Lock.acquire",
-    "sleep ",
-    "socket.accept",
-)
-_THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
-_AREAS = (
-    ("json/", "json (de)serialisation"),
-    # orjson is C: its time shows in the Python frame that calls it.
-    ("decode (gpu_scheduling/kubeclient.py", "json (de)serialisation"),
-    ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
-    ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
-    ("kubernetes/", "kubernetes client: other"),
-    ("urllib3/", "urllib3 (HTTP)"),
-    ("ssl.py", "TLS (ssl)"),
-    ("socket.py", "sockets"),
-    ("http/client", "http.client"),
-    ("logging/", "logging"),
-    ("gpu_scheduling/", "gpu_scheduling (map, injection)"),
-    ("prometheus_client/", "prometheus_client"),
-    ("threading.py", "threading (locks, conditions)"),
-    ("queue.py", "threading (locks, conditions)"),
-)
-
-
-def area_of(frames: list[str]) -> str:
-    """What the leaf frame belongs to; scheduler/ code names its module."""
-    leaf = frames[-1]
-    for needle, area in _AREAS:
-        if needle in leaf:
-            return area
-    for frame in reversed(frames):
-        if "scheduler/" in frame:
-            module = frame.split("scheduler/", 1)[1].split(".py", 1)[0]
-            return f"scheduler/{module}.py (own code)"
-    return "other"

@@ -1,7 +1,7 @@
 """Fixtures for the scheduler's integration tests (registered by tests/conftest.py).
 
 The scheduler runs as a host process with a ServiceAccount token, bound to the
-ClusterRole and Role that gpu-scheduler-chart renders (tests/support/rbac.py reads
+ClusterRole and Role that gpu-scheduler-chart renders (localcluster/rbac.py reads
 them from ``helm template``; docs/scheduler.md "RBAC"), never as admin: a missing
 permission fails these tests.
 """
@@ -18,22 +18,9 @@ import pytest
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import ChartIdentity, chart_identity, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
-from tests.support.rbac import ChartIdentity, chart_identity
 from tests.support.waiting import wait_for  # noqa: F401 (re-exported for the tests)
-
-SCHEDULER_SA = "gpu-scheduler"
-# The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
-LEASE_NAME = "gpu-scheduler"
-
-
-def scheduler_chart_values(scheduler_name: str = "gpu-scheduler") -> dict[str, Any]:
-    """Chart values for the tests' scheduler: ServiceAccount ``gpu-scheduler`` and the
-    scheduler's default Lease name."""
-    return {
-        "serviceAccount": {"name": SCHEDULER_SA},
-        "scheduler": {"name": scheduler_name, "leaderElection": {"leaseName": LEASE_NAME}},
-    }
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ import yaml
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import chart_identity
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
 from tests.support import waiting
-from tests.support.rbac import chart_identity
 
 ANNOTATION = "gpu-scheduling-map"
 POD_CONDITION = f"has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations"
@@ -79,7 +79,7 @@ def webhook_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
     """A kubeconfig for the chart's webhook ServiceAccount (nodes list/watch, nothing else:
-    the RBAC gpu-scheduler-chart renders, read by tests/support/rbac.py)."""
+    the RBAC gpu-scheduler-chart renders, read by localcluster/rbac.py)."""
     ns = f"webhook-host-{uuid.uuid4().hex[:6]}"
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     try:

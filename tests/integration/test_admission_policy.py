@@ -19,8 +19,7 @@ import pytest
 from kubernetes import client, config
 
 from localcluster.cluster import Cluster
-from tests.integration.fixtures_scheduler import scheduler_chart_values
-from tests.support.rbac import ChartIdentity, chart_identity, render_chart
+from localcluster.rbac import ChartIdentity, chart_identity, render_chart, scheduler_chart_values
 
 MAP_KEY = "gpu-scheduling-map"
 ASSIGNED = "gpu-scheduler/assigned"

@@ -18,7 +18,7 @@ import pytest
 
 from bench.arms import ARMS
 from bench.raw import PodWatch, Raw
-from bench.runner import SCALES
+from bench.scales import SCALES
 from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster

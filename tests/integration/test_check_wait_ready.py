@@ -29,8 +29,8 @@ import yaml
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import LEASE_NAME
 from localcluster.release import CHECK_CHART, chart_path
-from tests.integration.fixtures_scheduler import LEASE_NAME
 from tests.integration.fixtures_webhook import WebhookServer, register_webhooks
 from tests.support.waiting import wait_for
 

@@ -25,12 +25,12 @@ import yaml
 from localcluster.cluster import Cluster, free_port, tool
 from localcluster.pki import LocalPKI
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import LEASE_NAME, SCHEDULER_SA, chart_identity, render_chart
 from localcluster.scheduler_host import run_scheduler
-from tests.integration.fixtures_scheduler import LEASE_NAME, SCHEDULER_SA, metric, statefulset
+from tests.integration.fixtures_scheduler import metric, statefulset
 from tests.support.charts import one
 from tests.support.kubeapi import failed_scheduling as _failed_scheduling
 from tests.support.kubeapi import pod_events, read_pod
-from tests.support.rbac import chart_identity, render_chart
 from tests.support.waiting import wait_for
 
 # The profile's name (scheduler.name): not the standalone tests' name, so no other

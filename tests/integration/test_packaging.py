@@ -36,10 +36,10 @@ import pytest
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
+from localcluster.rbac import ChartIdentity
 from tests.integration.fixtures_scheduler import statefulset
 from tests.support.fakenvml import nvml_env
 from tests.support.kubeapi import read_pod
-from tests.support.rbac import ChartIdentity
 from tests.support.waiting import wait_for
 from tests.support.wheelvenv import REPO, WheelVenv
 

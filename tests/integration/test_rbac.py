@@ -2,7 +2,7 @@
 ServiceAccounts may and may not do, asked of the local control plane's apiserver
 (``kubectl auth can-i`` with each token, a SelfSubjectAccessReview, and direct calls).
 
-The objects come from ``helm template`` of gpu-scheduler-chart (tests/support/rbac.py),
+The objects come from ``helm template`` of gpu-scheduler-chart (localcluster/rbac.py),
 so these tests check the chart, not a copy of its rules.
 """
 
@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from localcluster.cluster import Cluster
-from tests.integration.fixtures_scheduler import LEASE_NAME, scheduler_chart_values
-from tests.support.rbac import ChartIdentity, chart_identity
+from localcluster.rbac import LEASE_NAME, ChartIdentity, chart_identity, scheduler_chart_values
 
 ELSEWHERE = "kube-system"  # a namespace that is not the release's
 

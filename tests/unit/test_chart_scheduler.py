@@ -410,7 +410,7 @@ def test_webhook_rbac_is_nodes_list_watch_only() -> None:
 
 
 def test_rbac_objects_carry_their_component() -> None:
-    """tests/support/rbac.py picks each component's RBAC by this label."""
+    """localcluster/rbac.py picks each component's RBAC by this label."""
     docs = render(CHART, values=webhook_values())
     for doc in docs:
         if doc["kind"] in RBAC_KINDS:

@@ -1,12 +1,14 @@
-"""The chart's RBAC for processes the tests run on the host.
+"""The chart's RBAC for processes the tests and ``make bench`` run on the host.
 
-RBAC is written once, in ``gpu-scheduler-chart/templates/rbac.yaml``. The tests never
-restate it: :func:`render_rbac` renders the chart with ``helm template`` for the test's
+RBAC is written once, in ``gpu-scheduler-chart/templates/rbac.yaml``. The tests and
+the bench never restate it: :func:`render_rbac` renders the chart with ``helm template`` for the test's
 release and namespace, :func:`component_objects` keeps the ServiceAccount, roles and
 bindings of one component (label ``app.kubernetes.io/component``: ``scheduler``,
 ``webhook`` or, in extender mode, ``kube-scheduler``), and :func:`chart_identity` applies them to the local control plane and
 yields a kubeconfig holding a token of that ServiceAccount
 (``Cluster.service_account_kubeconfig``), removing the cluster-scoped objects afterwards.
+:func:`scheduler_chart_values` are the values the tests and the bench install the
+scheduler's RBAC with (ServiceAccount :data:`SCHEDULER_SA`, Lease :data:`LEASE_NAME`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ BASE_VALUES: dict[str, Any] = {
     "replicaCount": 0,
     "webhook": {"enabled": True, "url": "https://127.0.0.1:1", "caBundle": _PLACEHOLDER_CA},
 }
+
+SCHEDULER_SA = "gpu-scheduler"
+# The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
+LEASE_NAME = "gpu-scheduler"
+
+
+def scheduler_chart_values(scheduler_name: str = "gpu-scheduler") -> dict[str, Any]:
+    """Chart values for a host-process scheduler: ServiceAccount ``gpu-scheduler`` and the
+    scheduler's default Lease name."""
+    return {
+        "serviceAccount": {"name": SCHEDULER_SA},
+        "scheduler": {"name": scheduler_name, "leaderElection": {"leaseName": LEASE_NAME}},
+    }
 
 
 def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,128 @@
+"""What a host process costs: its memory and CPU time with its descendants (``/proc``), and
+the summary of a py-spy profile (samples per function and per area)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+
+def rss_mib(pid: int) -> float:
+    """VmRSS of ``pid`` and every descendant (gunicorn's master and workers), in MiB."""
+    total_kib = 0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+    return round(total_kib / 1024, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants that are alive now (gunicorn workers), in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
+    """Self and inclusive sample counts per function, and self samples per area (package)."""
+    self_counts: dict[str, int] = {}
+    incl_counts: dict[str, int] = {}
+    areas: dict[str, int] = {}
+    total = waiting = 0
+    for line in text.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        leaf = frames[-1]
+        if leaf.startswith(_WAITING):
+            waiting += count
+            continue
+        self_counts[leaf] = self_counts.get(leaf, 0) + count
+        for frame in set(frames):
+            incl_counts[frame] = incl_counts.get(frame, 0) + count
+        areas[area_of(frames)] = areas.get(area_of(frames), 0) + count
+
+    def ranked(counts: dict[str, int]) -> list[tuple[str, int]]:
+        return sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+
+    return {
+        "samples": total - waiting,
+        "waiting": waiting,
+        "self": ranked(self_counts),
+        "inclusive": ranked({k: v for k, v in incl_counts.items() if not k.startswith(_THREAD_FRAMES)}),
+        "areas": ranked(areas),
+    }
+
+
+# Leaf frames of a thread that is blocked, not running: left out of the counts (py-spy's own
+# idle detection misses waits on locks and TLS reads).
+_WAITING = (
+    "Condition.wait ",
+    "Event.wait ",
+    "SSLSocket.read ",
+    "SSLSocket.recv",
+    "_PollLikeSelector.select ",
+    "poll_wait_for_socket.",
+    "Lock.acquire",
+    "sleep ",
+    "socket.accept",
+)
+_THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
+_AREAS = (
+    ("json/", "json (de)serialisation"),
+    # orjson is C: its time shows in the Python frame that calls it.
+    ("decode (gpu_scheduling/kubeclient.py", "json (de)serialisation"),
+    ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
+    ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
+    ("kubernetes/", "kubernetes client: other"),
+    ("urllib3/", "urllib3 (HTTP)"),
+    ("ssl.py", "TLS (ssl)"),
+    ("socket.py", "sockets"),
+    ("http/client", "http.client"),
+    ("logging/", "logging"),
+    ("gpu_scheduling/", "gpu_scheduling (map, injection)"),
+    ("prometheus_client/", "prometheus_client"),
+    ("threading.py", "threading (locks, conditions)"),
+    ("queue.py", "threading (locks, conditions)"),
+)
+
+
+def area_of(frames: list[str]) -> str:
+    """What the leaf frame belongs to; scheduler/ code names its module."""
+    leaf = frames[-1]
+    for needle, area in _AREAS:
+        if needle in leaf:
+            return area
+    for frame in reversed(frames):
+        if "scheduler/" in frame:
+            module = frame.split("scheduler/", 1)[1].split(".py", 1)[0]
+            return f"scheduler/{module}.py (own code)"
+    return "other"
