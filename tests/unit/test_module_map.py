@@ -1,15 +1,19 @@
-"""docs/dev-interfaces.md names every module of the product packages."""
+"""docs/dev-interfaces.md names every module of the product packages, and names no module that is gone."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gpu_scheduling", "scheduler", "webhook")
+DOC = ROOT / "docs" / "dev-interfaces.md"
+# A module path in backquotes: `gpu_scheduling/check/cli.py`, `scheduler/core.py`.
+NAMED = re.compile(r"`((?:" + "|".join(PACKAGES) + r")/[\w/]+\.py)`")
 
 
 def test_every_product_module_is_in_the_module_map() -> None:
-    doc = (ROOT / "docs" / "dev-interfaces.md").read_text()
+    doc = DOC.read_text()
     modules = [
         p.relative_to(ROOT).as_posix()
         for pkg in PACKAGES
@@ -19,3 +23,10 @@ def test_every_product_module_is_in_the_module_map() -> None:
     assert modules, "no modules found"
     missing = [m for m in modules if f"`{m}`" not in doc]
     assert not missing, f"add these modules to docs/dev-interfaces.md: {missing}"
+
+
+def test_every_module_the_doc_names_exists() -> None:
+    named = sorted(set(NAMED.findall(DOC.read_text())))
+    assert "gpu_scheduling/schedmap.py" in named, "the pattern finds no module"
+    gone = [m for m in named if not (ROOT / m).is_file()]
+    assert not gone, f"docs/dev-interfaces.md names modules that do not exist: {gone}"
