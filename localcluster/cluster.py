@@ -128,6 +128,11 @@ class CommandFailed(subprocess.CalledProcessError):
         return f"{super().__str__()}\n{(self.stderr or '').strip()}"
 
 
+# Set (to the test's id) while a test without the `cluster` mark runs (tests/conftest.py):
+# Cluster.start then refuses, in that process and in every child it starts (demo, up, bench).
+NO_CONTROL_PLANE = "GPU_SCHEDULER_NO_CONTROL_PLANE"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,6 +236,12 @@ class Cluster:
         listens on the pods' bridge, authorizes nodes (Node,RBAC), and the ``kubernetes``
         Service has endpoints, as in a user's cluster.
         """
+        refused_for = os.environ.get(NO_CONTROL_PLANE)
+        if refused_for:
+            raise RuntimeError(
+                f"{refused_for} starts a control plane without the `cluster` mark "
+                f"(tests/conftest.py sets {NO_CONTROL_PLANE} for unmarked tests)"
+            )
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         pki = LocalPKI(workdir / "pki")

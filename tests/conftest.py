@@ -2,7 +2,10 @@
 
 Tests that touch the control plane use the ``cluster`` (or ``namespace``/``kube``)
 fixture and are marked ``cluster`` automatically, so ``pytest -m 'not cluster'``
-runs the fast suite alone.
+runs the fast suite alone. A test that starts a control plane otherwise (a command
+that starts one, ``Cluster.start`` itself) carries the mark by hand: without it,
+``Cluster.start`` refuses (``_unmarked_tests_start_no_control_plane``), here and in
+every process the test starts.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.cluster import Cluster, versions
+from localcluster.cluster import NO_CONTROL_PLANE, Cluster, versions
 
 # Fixture modules of the components (tests/integration/fixtures_*.py), registered here.
 pytest_plugins = sorted(
@@ -40,6 +43,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_start_no_control_plane(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test without the ``cluster`` mark cannot start a control plane: ``make test-unit``
+    (``-m 'not cluster'``) must not start one behind the mark's back."""
+    if request.node.get_closest_marker("cluster") is None:
+        monkeypatch.setenv(NO_CONTROL_PLANE, request.node.nodeid)
 
 
 _SERVED_VERSION: list[str] = []

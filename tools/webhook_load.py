@@ -39,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from localcluster.cluster import free_port  # noqa: E402
 from localcluster.webhook_host import make_certs, run_webhook  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -191,9 +192,7 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 8192)), hard))
     with tempfile.TemporaryDirectory() as tmp:
         certs = make_certs(Path(tmp) / "certs")
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
+        port = free_port()
         proc = run_webhook(certs, port, log_path=Path(tmp) / "webhook.log", workers=args.workers)
         try:
             ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))

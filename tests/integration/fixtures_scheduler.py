@@ -20,7 +20,6 @@ from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import ChartIdentity, chart_identity, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
-from tests.support.waiting import wait_for  # noqa: F401 (re-exported for the tests)
 
 
 @pytest.fixture

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
-from tests.support import waiting
+from tests.support.waiting import wait_for
 
 ANNOTATION = "gpu-scheduling-map"
 POD_CONDITION = f"has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations"
@@ -58,19 +57,6 @@ class WebhookServer:
         return ca_bundle(self.certs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(
-    cond: Callable[[], Any], timeout: float = 60, what: str = "condition", interval: float = 0.5
-) -> Any:
-    """tests.support.waiting.wait_for, with this module's argument order (``what`` third)."""
-    return waiting.wait_for(cond, timeout, interval, what)
-
-
 @pytest.fixture(scope="session")
 def webhook_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_certs(tmp_path_factory.mktemp("webhook") / "certs")
@@ -93,7 +79,7 @@ def webhook_kubeconfig(cluster: Cluster) -> Iterator[Path]:
 def start_webhook(
     certs: Path, log_dir: Path, kubeconfig: Path | None, env: Mapping[str, str] | None = None
 ) -> Iterator[WebhookServer]:
-    port = _free_port()
+    port = free_port()
     # No kubeconfig: none at all (not the caller's $KUBECONFIG), so node look-ups are skipped.
     full_env = {"WEBHOOK_LOG_LEVEL": "DEBUG", "KUBECONFIG": str(kubeconfig or ""), **(env or {})}
     proc = run_webhook(certs, port, env=full_env, log_path=log_dir / f"webhook-{port}.log")
@@ -101,7 +87,7 @@ def start_webhook(
         if kubeconfig is not None:
             # Node warnings are skipped until the node cache has listed the nodes (started by the
             # /readyz probes run_webhook made): wait for it, so that tests see them from the start.
-            wait_for(lambda: "node cache synced" in proc.log_text(), 60, "the webhook's node cache")
+            wait_for(lambda: "node cache synced" in proc.log_text(), 60, what="the webhook's node cache")
         yield WebhookServer(proc, port, certs)
     finally:
         proc.stop()
@@ -242,9 +228,11 @@ def register_webhooks(
         kinds.append("validatingwebhookconfiguration")
     try:
         if mutate:
-            wait_for(lambda: _mutating_live(cluster, namespace), 60, "the mutating webhook to be called")
+            wait_for(lambda: _mutating_live(cluster, namespace), 60, what="the mutating webhook to be called")
         if validate:
-            wait_for(lambda: _validating_live(cluster, namespace), 60, "the validating webhook to be called")
+            wait_for(
+                lambda: _validating_live(cluster, namespace), 60, what="the validating webhook to be called"
+            )
         yield name
     finally:
         for kind in kinds:

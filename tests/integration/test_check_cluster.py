@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,12 +29,13 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.release import CHECK_CHART, chart_path, install_chart
-from tests.integration.fixtures_scheduler import statefulset, wait_for
+from tests.integration.fixtures_scheduler import statefulset
 from tests.integration.fixtures_webhook import WebhookServer, register_webhooks
 from tests.support.fakenvml import nvml_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -134,12 +134,6 @@ def assert_placement_matches(res: subprocess.CompletedProcess[str]) -> None:
         assert checks[name]["ok"] is True, (name, checks[name])
     assert all(d["ok"] is True for d in checks.values()), checks
     assert res.returncode == 0, res.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def readyz(env: dict[str, str], log_dir: Path) -> tuple[int, dict[str, Any]]:

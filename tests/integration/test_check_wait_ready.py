@@ -131,7 +131,7 @@ def polls(proc: ManagedProcess) -> list[dict[str, Any]]:
 
 
 def exit_code(proc: ManagedProcess, timeout: float) -> int:
-    wait_for(lambda: not proc.running(), timeout, 0.1, f"{proc.name} to exit")
+    wait_for(lambda: not proc.running(), timeout, interval=0.1, what=f"{proc.name} to exit")
     assert proc.proc is not None
     return int(proc.proc.returncode)
 

@@ -6,8 +6,13 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from localcluster.cluster import REPO
 from localcluster.procs import pid_alive
+
+# It starts a control plane (in the demo's process).
+pytestmark = pytest.mark.cluster
 
 
 def test_demo_places_every_replica_and_cleans_up(tmp_path) -> None:

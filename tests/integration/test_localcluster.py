@@ -169,6 +169,7 @@ CHILD_TEST = textwrap.dedent(
 )
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("mode", ["fail", "sigint", "sigterm"])
 def test_fixture_leaves_no_process_behind(tmp_path: Path, mode: str) -> None:
     """A failing or interrupted test run still stops every component (checked by pid)."""
@@ -205,6 +206,7 @@ def test_fixture_leaves_no_process_behind(tmp_path: Path, mode: str) -> None:
     assert not left, f"processes left behind after {mode}: {left}\n{out}"
 
 
+@pytest.mark.cluster
 def test_cluster_up_and_down_commands(tmp_path: Path) -> None:
     """`make cluster-up` / `make cluster-down` (python -m localcluster up|down), as a person uses them."""
     env = dict(os.environ, GPU_SCHEDULER_CLUSTER_DIR=str(tmp_path / "state"))

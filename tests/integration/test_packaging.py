@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import socket
 import ssl
 import subprocess
 import urllib.error
@@ -34,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import ChartIdentity
 from tests.integration.fixtures_scheduler import statefulset
@@ -52,12 +51,6 @@ def installed(request: pytest.FixtureRequest) -> WheelVenv:
     """Each install in turn (both are made once per session)."""
     venv: WheelVenv = request.getfixturevalue(request.param)
     return venv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -19,9 +19,10 @@ from kubernetes import client
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
-from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
+from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset
 from tests.support.kubeapi import failed_scheduling as _event_with
 from tests.support.kubeapi import pod_events, read_pod
+from tests.support.waiting import wait_for
 
 # A first retry far in the future: a pod that binds quickly after its cause went
 # away was re-queued by the watch event, not by the backoff timer.

@@ -22,8 +22,9 @@ import pytest
 
 from localcluster.cluster import KUBELET_REFUSES_ANNOTATION, Cluster
 from localcluster.procs import ManagedProcess
-from tests.integration.fixtures_scheduler import metric, statefulset, wait_for
+from tests.integration.fixtures_scheduler import metric, statefulset
 from tests.support.kubeapi import failed_scheduling, pod_events, read_pod
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

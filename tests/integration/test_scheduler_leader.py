@@ -25,7 +25,8 @@ from kubernetes import client
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.scheduler_host import HOST, scheduler_command
-from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset, wait_for
+from tests.integration.fixtures_scheduler import health, http_get, metric, statefulset
+from tests.support.waiting import wait_for
 
 LEASE = "gpu-scheduler"
 INT32_MAX = 2147483647

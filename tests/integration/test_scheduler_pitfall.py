@@ -9,8 +9,9 @@ from kubernetes import client
 
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
-from tests.integration.fixtures_scheduler import statefulset, wait_for
+from tests.integration.fixtures_scheduler import statefulset
 from tests.support.kubeapi import pod_events, read_pod
+from tests.support.waiting import wait_for
 
 
 def test_pod_that_also_requests_nvidia_gpu_gets_a_warning_event(

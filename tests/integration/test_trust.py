@@ -28,8 +28,9 @@ from kubernetes import client
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import run_webhook
-from tests.integration.fixtures_scheduler import metric, statefulset, wait_for
+from tests.integration.fixtures_scheduler import metric, statefulset
 from tests.integration.fixtures_webhook import webhook_configurations
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -21,8 +21,8 @@ from tests.integration.fixtures_webhook import (
     kubectl_apply,
     register_webhooks,
     start_webhook,
-    wait_for,
 )
+from tests.support.waiting import wait_for
 from webhook.nodes import NodeCache, NodeInfo
 
 pytestmark = pytest.mark.cluster
@@ -123,7 +123,7 @@ def test_statefulset_replicas_get_their_entries(
         out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=w", "-o", "name", check=False).stdout
         return len(out.split()) == 2
 
-    wait_for(pods_exist, 60, "the StatefulSet controller to create w-0 and w-1")
+    wait_for(pods_exist, 60, what="the StatefulSet controller to create w-0 and w-1")
     for name, devices in (("w-0", "0,1"), ("w-1", "2")):
         env = env_of(cluster, namespace, name)
         assert env["prep"] == {"CUDA_VISIBLE_DEVICES": devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -155,7 +155,7 @@ def test_malformed_map_pods_fail_creation_with_an_event(
             ).stdout
             return " ".join(e["message"] for e in json.loads(out)["items"])
 
-        message = wait_for(failed_create, 60, "a FailedCreate event")
+        message = wait_for(failed_create, 60, what="a FailedCreate event")
     assert "invalid gpu-scheduling-map annotation" in message
     assert "line 3: ordinal 0 is already mapped on line 1" in message
 
@@ -271,7 +271,7 @@ def test_node_warnings_come_from_the_watch_cache(
         wait_for(
             lambda: not sts_warnings(cluster, namespace, f"0={late}:1\n"),
             30,
-            f"the webhook to see node {late}",
+            what=f"the webhook to see node {late}",
         )
         [beyond] = sts_warnings(cluster, namespace, f"0={late}:3\n")
         assert f"ordinal 0 wants GPU 3 but node '{late}' has 2 allocatable nvidia.com/gpu" in beyond
@@ -285,7 +285,7 @@ def test_node_warnings_come_from_the_watch_cache(
     wait_for(
         lambda: any(missing in w for w in sts_warnings(cluster, namespace, f"0={late}:1\n")),
         30,
-        f"the webhook to see node {late} deleted",
+        what=f"the webhook to see node {late} deleted",
     )
 
 
@@ -306,19 +306,21 @@ def test_node_cache_lists_then_watches_the_real_apiserver(cluster: Cluster) -> N
     cache = NodeCache(str(cluster.kubeconfig), watch_timeout_s=5)
     try:
         cache.start()
-        wait_for(lambda: cache.synced, 30, "the first list")
+        wait_for(lambda: cache.synced, 30, what="the first list")
         assert cache.get("node1") == NodeInfo("node1", 4)
         assert cache.get("no-such-node") is None
         name = f"watched-{uuid.uuid4().hex[:6]}"
         cluster.add_node(name, gpus=8, wait=False)
-        wait_for(lambda: cache.get(name) == NodeInfo(name, 8), 30, f"the watch to add {name}")
+        wait_for(lambda: cache.get(name) == NodeInfo(name, 8), 30, what=f"the watch to add {name}")
         cluster.delete_node(name)
-        wait_for(lambda: cache.get(name) is None, 30, f"the watch to delete {name}")
+        wait_for(lambda: cache.get(name) is None, 30, what=f"the watch to delete {name}")
         # The apiserver ends each watch after 5-6 s here; the cache resumes from the last
         # resourceVersion (no relist) and keeps following.
         time.sleep(7)
         cluster.add_node(name, gpus=None, wait=False)
-        wait_for(lambda: cache.get(name) == NodeInfo(name, None), 30, f"a resumed watch to add {name} again")
+        wait_for(
+            lambda: cache.get(name) == NodeInfo(name, None), 30, what=f"a resumed watch to add {name} again"
+        )
         cluster.delete_node(name)
         assert cache.lists == 1  # events, not relists
     finally:

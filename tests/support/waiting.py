@@ -7,8 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "") -> Any:
-    """Poll ``cond`` until it returns something truthy; return it, or fail after ``timeout``."""
+def wait_for(cond: Callable[[], Any], timeout: float = 60, *, what: str = "", interval: float = 0.5) -> Any:
+    """Poll ``cond`` until it returns something truthy; return it, or fail after ``timeout``
+    (``what`` names it in the failure; keywords, so no caller can swap them)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

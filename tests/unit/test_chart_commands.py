@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from localcluster.cluster import free_port
 from tests.support.charts import CHARTS, ci_values, render
 from tests.support.fakenvml import nvml_env
 from tests.support.wheelvenv import WheelVenv
@@ -129,12 +129,6 @@ def containers() -> list[Container]:
                         )
                         found.setdefault(item.key(), item)
     return list(found.values())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def refused_kubeconfig(path: Path) -> Path:

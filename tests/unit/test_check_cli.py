@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduling import check, nvml
+from localcluster.cluster import free_port
 from tests.support.fakenvml import nvml_env
 
 CHECK_CMD = Path(sys.executable).parent / "gpu-scheduler-check"
@@ -153,12 +154,6 @@ def test_once_bad_settings_exit_2() -> None:
     res = run_once(CHECK_INTERVAL_SECONDS="often")
     assert res.returncode == 2
     assert "CHECK_INTERVAL_SECONDS='often' is not a number" in res.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(url: str) -> tuple[int, dict[str, Any]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 from gpu_scheduling.check import Settings
 from gpu_scheduling.check.seen import TERMINATION_MESSAGE_LIMIT, termination_message
+from localcluster.cluster import free_port
 from tests.support.fakenvml import default_bus_id, default_uuid, nvml_env
 
 CHECK_CMD = Path(sys.executable).parent / "gpu-scheduler-check"
@@ -231,12 +231,6 @@ def test_termination_message_fits_the_kubelet_limit() -> None:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_json(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:

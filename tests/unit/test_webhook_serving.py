@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook
 from webhook.settings import Settings, SettingsError
@@ -46,12 +47,6 @@ REVIEW = {
         },
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,12 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook, webhook_command
 from webhook.serve import TLS12_CIPHERS, ssl_context
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
