@@ -39,27 +39,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from localcluster.admission import admission_review  # noqa: E402
 from localcluster.cluster import free_port  # noqa: E402
 from localcluster.webhook_host import make_certs, run_webhook  # noqa: E402
 
 HOST = "127.0.0.1"
 
 REVIEW = json.dumps(
-    {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "load",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": "CREATE",
-            "name": "w-1",
-            "namespace": "team",
-            "object": {
-                "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
-                "spec": {"containers": [{"name": "main", "env": [{"name": "A", "value": "1"}]}]},
-            },
+    admission_review(
+        {
+            "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
+            "spec": {"containers": [{"name": "main", "env": [{"name": "A", "value": "1"}]}]},
         },
-    }
+        uid="load",
+    )
 ).encode()
 REQUEST = (
     b"POST /mutate HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"

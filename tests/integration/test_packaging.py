@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import ChartIdentity
@@ -89,28 +90,9 @@ def json_records(proc: ManagedProcess) -> list[dict[str, Any]]:
 
 
 def mapped_pod_review(uid: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "name": "w-1",
-            "namespace": "team",
-            "object": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": "w-1",
-                    "labels": {"apps.kubernetes.io/pod-index": "1"},
-                    "annotations": {"gpu-scheduling-map": "0=node1:0,1\n1=node2:2\n"},
-                },
-                "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main", "image": "app"}]},
-            },
-        },
-    }
+    pod = mapped_pod("w-1", "0=node1:0,1\n1=node2:2\n", containers=[{"name": "main", "image": "app"}])
+    pod["metadata"]["labels"] = {"apps.kubernetes.io/pod-index": "1"}
+    return admission_review({"apiVersion": "v1", "kind": "Pod", **pod}, uid=uid, resource=True)
 
 
 def https(port: int, ca: Path, method: str, path: str, body: Any = None) -> tuple[int, bytes]:

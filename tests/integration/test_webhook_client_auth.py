@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import Cluster
 from tests.integration.fixtures_webhook import ANNOTATION, register_webhooks, start_webhook
 
@@ -22,23 +23,7 @@ HOST = "127.0.0.1"
 
 
 def _review(uid: str) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "operation": "CREATE",
-                "name": "w-0",
-                "namespace": "team",
-                "object": {
-                    "metadata": {"name": "w-0", "annotations": {ANNOTATION: "0=node1:2\n"}},
-                    "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
-                },
-            },
-        }
-    ).encode()
+    return json.dumps(admission_review(mapped_pod("w-0", "0=node1:2\n"), uid=uid)).encode()
 
 
 def _call(

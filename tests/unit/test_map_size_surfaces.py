@@ -18,6 +18,7 @@ import pytest
 
 from gpu_scheduling import cli
 from gpu_scheduling.schedmap import EXCERPT_CHARS, MAX_ERROR_CHARS, MAX_PROBLEMS_LISTED, parse_cache_clear
+from localcluster.admission import admission_review, mapped_pod
 from tests.unit.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
 from webhook.app import create_app
 from webhook.settings import Settings
@@ -33,49 +34,16 @@ class NoNodes:
 
 
 def pod_review(text: str) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "uid-big",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "operation": "CREATE",
-                "name": "w-0",
-                "namespace": "team",
-                "object": {
-                    "metadata": {"name": "w-0", "annotations": {"gpu-scheduling-map": text}},
-                    "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
-                },
-            },
-        }
-    ).encode()
+    return json.dumps(admission_review(mapped_pod("w-0", text), uid="uid-big")).encode()
 
 
 def statefulset_review(text: str) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "uid-big",
-                "kind": {"group": "apps", "version": "v1", "kind": "StatefulSet"},
-                "operation": "CREATE",
-                "name": "w",
-                "namespace": "team",
-                "object": {
-                    "metadata": {"name": "w", "namespace": "team"},
-                    "spec": {
-                        "replicas": 2,
-                        "template": {
-                            "metadata": {"annotations": {"gpu-scheduling-map": text}},
-                            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
-                        },
-                    },
-                },
-            },
-        }
-    ).encode()
+    template = {
+        "metadata": {"annotations": {"gpu-scheduling-map": text}},
+        "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
+    }
+    sts = {"metadata": {"name": "w", "namespace": "team"}, "spec": {"replicas": 2, "template": template}}
+    return json.dumps(admission_review(sts, kind="StatefulSet", uid="uid-big")).encode()
 
 
 REVIEWS = {"/mutate": pod_review, "/validate": statefulset_review}

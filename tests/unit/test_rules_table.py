@@ -39,6 +39,7 @@ from gpu_scheduling.injection import desired_env
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
 from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
 from gpu_scheduling.schedmap import ANNOTATION, MapError
+from localcluster.admission import admission_review
 from scheduler.core import is_pending
 from scheduler.ledger import Claim, Ledger
 from scheduler.usage import NodeUsage
@@ -248,23 +249,7 @@ class Nodes:
 
 def webhook_verdict(case: Case, path: str, caplog: pytest.LogCaptureFixture) -> Verdict:
     obj = pod_of(case) if path == "/mutate" else statefulset(case)
-    kind = (
-        {"group": "", "version": "v1", "kind": "Pod"}
-        if path == "/mutate"
-        else {"group": "apps", "version": "v1", "kind": "StatefulSet"}
-    )
-    body = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u",
-            "kind": kind,
-            "operation": "CREATE",
-            "name": obj["metadata"]["name"],
-            "namespace": "team",
-            "object": obj,
-        },
-    }
+    body = admission_review(obj, kind="Pod" if path == "/mutate" else "StatefulSet", uid="u")
     app = create_app(Settings(scheduler_name=OURS), node_lookup=Nodes(case.nodes))
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="webhook"):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import webhook.app
+from localcluster.admission import admission_review, mapped_pod
 from webhook.app import create_app
 from webhook.settings import Settings, SettingsError
 
@@ -31,21 +32,7 @@ def client(**overrides: Any) -> Any:
 
 
 def pod_review(uid: str = "uid-h", **request: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": "CREATE",
-            "name": "w-0",
-            "namespace": "team",
-            "object": {
-                "metadata": {"name": "w-0", "annotations": {"gpu-scheduling-map": "0=node1:0"}},
-                "spec": {"schedulerName": SCHED, "containers": [{"name": "main"}]},
-            },
-        },
-    }
+    body = admission_review(mapped_pod("w-0", "0=node1:0", scheduler=SCHED), uid=uid)
     body["request"].update(request)
     return body
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from localcluster.admission import admission_review
 from webhook.app import create_app
 from webhook.settings import Settings
 
@@ -50,19 +51,7 @@ def pod(
 def review(
     obj: dict[str, Any], uid: str = "uid-1", operation: str = "CREATE", name: str | None = None
 ) -> dict:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": operation,
-            "name": obj["metadata"].get("name", "") if name is None else name,
-            "namespace": "team",
-            "object": obj,
-        },
-    }
+    return admission_review(obj, uid=uid, operation=operation, name=name, resource=True)
 
 
 def admit(c: Any, obj: dict[str, Any], **kw: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook
@@ -32,21 +33,7 @@ ANSWER_BOUND_S = 1.0
 MARGIN_S = 4.0
 DEFAULTS = Settings()
 
-REVIEW = {
-    "apiVersion": "admission.k8s.io/v1",
-    "kind": "AdmissionReview",
-    "request": {
-        "uid": "serving-uid",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "operation": "CREATE",
-        "name": "w-1",
-        "namespace": "team",
-        "object": {
-            "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
-            "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
-        },
-    },
-}
+REVIEW = admission_review(mapped_pod("w-1", "0=n1:0\n1=n2:3,2\n"), uid="serving-uid")
 
 
 @pytest.fixture(scope="module")

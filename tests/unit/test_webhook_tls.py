@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook, webhook_command
@@ -154,21 +155,7 @@ def test_ssl_context_hook_sets_the_floor(certs: Path) -> None:
 
 
 def test_mutate_over_https(server: tuple[ManagedProcess, int], certs: Path) -> None:
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "tls-uid",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "operation": "CREATE",
-            "name": "w-1",
-            "namespace": "team",
-            "object": {
-                "metadata": {"name": "w-1", "annotations": {"gpu-scheduling-map": "0=n1:0\n1=n2:3,2\n"}},
-                "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "main"}]},
-            },
-        },
-    }
+    review = admission_review(mapped_pod("w-1", "0=n1:0\n1=n2:3,2\n"), uid="tls-uid")
     status, body = request(
         server[1], certs, "POST", "/mutate", json.dumps(review).encode(), {"Content-Type": "application/json"}
     )

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.admission import admission_review
 from webhook.app import create_app
 from webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, _entry
 from webhook.settings import Settings
@@ -68,19 +69,7 @@ def statefulset(
 
 
 def review(obj: dict[str, Any] | None, operation: str = "CREATE", uid: str = "uid-v") -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "apps", "version": "v1", "kind": "StatefulSet"},
-            "resource": {"group": "apps", "version": "v1", "resource": "statefulsets"},
-            "operation": operation,
-            "name": "w",
-            "namespace": "team",
-            "object": obj,
-        },
-    }
+    return admission_review(obj, kind="StatefulSet", uid=uid, operation=operation, name="w", resource=True)
 
 
 def validate(
