@@ -104,6 +104,23 @@ def namespace(cluster: Cluster) -> Iterator[str]:
             cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+@pytest.fixture
+def own_node(cluster: Cluster, namespace: str) -> Any:
+    """``own_node(suffix, **kw)`` creates a kwok GPU node for this test only
+    (named ``<namespace>-<suffix>``; ``kw``: ``Cluster.add_gpu_node``'s); deleted afterwards."""
+    made: list[str] = []
+
+    def make(suffix: str, wait: bool = True, **kw: Any) -> str:
+        name = f"{namespace}-{suffix}"
+        made.append(name)
+        cluster.add_gpu_node(name, wait=wait, **kw)
+        return name
+
+    yield make
+    for name in made:
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
 @pytest.fixture(scope="session")
 def kube(cluster: Cluster) -> Any:
     """An admin ``kubernetes.client.ApiClient`` for the control plane."""

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from localcluster.cluster import Cluster
@@ -66,22 +65,6 @@ def _assert_pending_because(kube: Any, ns: str, pod: str, reason: str, *words: s
     assert cond["reason"] == "Unschedulable"
     assert reason in cond["message"]
     return dict(ev)
-
-
-@pytest.fixture
-def own_node(cluster: Cluster, namespace: str) -> Any:
-    """``own_node(suffix, **kw)`` creates a kwok GPU node for this test only; deleted afterwards."""
-    made: list[str] = []
-
-    def make(suffix: str, wait: bool = True, **kw: Any) -> str:
-        name = f"{namespace}-{suffix}"
-        made.append(name)
-        cluster.add_gpu_node(name, wait=wait, **kw)
-        return name
-
-    yield make
-    for name in made:
-        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def test_statefulset_replicas_bound_to_mapped_nodes_and_gpus(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,13 +35,11 @@ PROMPT = 15  # seconds within which a pod must bind once its cause is gone
 
 
 @pytest.fixture
-def node(cluster: Cluster, namespace: str) -> Iterator[str]:
+def node(cluster: Cluster, own_node: Callable[..., str]) -> str:
     """A GPU node of this test's own, offering 8 cpu, 16Gi and 10 pod slots."""
-    name = f"{namespace}-fit"
-    cluster.add_gpu_node(name, gpus=4)
+    name = own_node("fit", gpus=4)
     set_allocatable(cluster, name, cpu="8", memory="16Gi", pods="10")
-    yield name
-    cluster.delete_node(name)
+    return name
 
 
 def set_allocatable(cluster: Cluster, node: str, **resources: str) -> None:

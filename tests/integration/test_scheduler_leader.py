@@ -80,12 +80,9 @@ def launch(
 
 
 @pytest.fixture
-def gpu_node(cluster: Cluster, namespace: str) -> Iterator[str]:
+def gpu_node(own_node: Callable[..., str]) -> str:
     """A kwok GPU node for this test only."""
-    name = f"{namespace}-lease"
-    cluster.add_gpu_node(name)
-    yield name
-    cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+    return own_node("lease")
 
 
 def readyz(proc: ManagedProcess) -> tuple[int, dict[str, Any]]:

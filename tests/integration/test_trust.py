@@ -212,21 +212,17 @@ def other_namespace(cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture
-def gpu_nodes(cluster: Cluster, namespace: str) -> Iterator[Callable[[int, int], list[str]]]:
+def gpu_nodes(cluster: Cluster, own_node: Callable[..., str]) -> Callable[[int, int], list[str]]:
     made: list[str] = []
 
     def make(count: int, gpus: int) -> list[str]:
-        names = [f"{namespace}-n{len(made) + i}" for i in range(count)]
-        for name in names:
-            cluster.add_gpu_node(name, gpus=gpus, wait=False)
+        names = [own_node(f"n{len(made) + i}", gpus=gpus, wait=False) for i in range(count)]
         made.extend(names)
         for name in names:
             cluster.wait_node_ready(name)
         return names
 
-    yield make
-    for name in made:
-        cluster.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+    return make
 
 
 def tenant_kubeconfig(cluster: Cluster, namespace: str) -> Path:
