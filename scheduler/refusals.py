@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_scheduling.fit import affinity_signature
@@ -80,27 +80,19 @@ def refusal_slot(pod: Mapping[str, Any]) -> str:
     return slot if slot is not None else view.key
 
 
+@dataclass
 class KubeletRefusals:
     """Remembers each replica's latest kubelet refusal; holds its replacement while it stands."""
 
-    def __init__(
-        self,
-        hold_s: float,
-        usage: NodeUsage,
-        metrics: Metrics,
-        events: EventRecorder,
-        retry_after: Callable[[str, float], None],
-        limit: int = MAX_REFUSALS,
-    ) -> None:
-        self.hold_s = hold_s
-        self._usage = usage
-        self._metrics = metrics
-        self._events = events
-        self._retry_after = retry_after
-        self._limit = limit
-        self._lock = threading.Lock()
-        self._by_slot: OrderedDict[str, KubeletRefusal] = OrderedDict()
-        self._reported: OrderedDict[str, None] = OrderedDict()  # pods whose refusal was reported
+    hold_s: float  # GPU_SCHEDULER_KUBELET_REFUSAL_HOLD (0: until something changes)
+    usage: NodeUsage
+    metrics: Metrics
+    events: EventRecorder
+    retry_after: Callable[[str, float], None]
+    limit: int = MAX_REFUSALS
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _by_slot: OrderedDict[str, KubeletRefusal] = field(default_factory=OrderedDict)
+    _reported: OrderedDict[str, None] = field(default_factory=OrderedDict)  # pods whose refusal was reported
 
     def __len__(self) -> int:
         return len(self._by_slot)
@@ -116,27 +108,27 @@ class KubeletRefusals:
             if view.uid in self._reported:
                 return
             self._reported[view.uid] = None
-            while len(self._reported) > self._limit:
+            while len(self._reported) > self.limit:
                 self._reported.popitem(last=False)
         # It holds nothing any more (Failed): take it off the node now, so its own leaving
         # does not count as a change on the node.
-        self._usage.forget(view.uid)
+        self.usage.forget(view.uid)
         refusal = KubeletRefusal(
             node=name,
             reason=reason,
             message=message,
             at=time.monotonic(),
             node_signature=node_signature(node),
-            node_generation=self._usage.generation(name),
+            node_generation=self.usage.generation(name),
             pod_signature=affinity_signature(view.spec),
         )
         slot = refusal_slot(pod)
         with self._lock:
             self._by_slot[slot] = refusal
             self._by_slot.move_to_end(slot)
-            while len(self._by_slot) > self._limit:
+            while len(self._by_slot) > self.limit:
                 self._by_slot.popitem(last=False)
-        self._metrics.kubelet_refusals.labels(reason).inc()
+        self.metrics.kubelet_refusals.labels(reason).inc()
         after = f", or in {self.hold_s:.0f}s" if self.hold_s else ""
         note = (
             f"{REFUSED_BY_KUBELET}: node {name!r} refused the pod at admission ({reason}: {message[:300]}); "
@@ -146,7 +138,7 @@ class KubeletRefusals:
             "pod refused by the kubelet",
             extra={"pod": view.key, "node": name, "reason": reason, "detail": message[:300]},
         )
-        self._events.warning(pod, REFUSED_BY_KUBELET, truncate_message(note))
+        self.events.warning(pod, REFUSED_BY_KUBELET, truncate_message(note))
 
     def hold(self, pod: Mapping[str, Any], decision: Decision, node: Mapping[str, Any] | None) -> Decision:
         """``decision``, or KubeletRefused while the replica's last refusal on this node still stands."""
@@ -161,7 +153,7 @@ class KubeletRefusals:
         unchanged = (
             refusal.node == entry.node
             and refusal.node_signature == node_signature(node)
-            and refusal.node_generation == self._usage.generation(entry.node)
+            and refusal.node_generation == self.usage.generation(entry.node)
             and refusal.pod_signature == affinity_signature(Pod(pod).spec)
             and not (self.hold_s and age >= self.hold_s)
         )
@@ -170,6 +162,6 @@ class KubeletRefusals:
                 self._by_slot.pop(slot, None)
             return decision
         if self.hold_s:
-            self._retry_after(pod_key(pod), max(0.0, self.hold_s - age) + 0.1)
+            self.retry_after(pod_key(pod), max(0.0, self.hold_s - age) + 0.1)
         finding = kubelet_refused(entry, refusal.reason, refusal.message, age)
         return Decision(decision.ordinal, entry, (finding,), decision.warnings)
