@@ -36,18 +36,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from prometheus_client import Counter, Histogram
 
-from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
+from gpu_scheduling.kubeclient import error_message, read_json
 from gpu_scheduling.objects import Pod
-from gpu_scheduling.rules import Decision, evaluate, gpus_in_use
+from gpu_scheduling.rules import Decision
 from gpu_scheduling.schedmap import ANNOTATION
-from scheduler.binding import TIMEOUT, BindOutcome, truncate_message
-from scheduler.core import Scheduler
-from scheduler.ledger import Claim
+from scheduler.binding import TIMEOUT, truncate_message
+from scheduler.metrics import API_ERROR, Metrics
+from scheduler.placement import Outcome, Placed, Placement
 from scheduler.server import Probes, ServingThread
 
 log = logging.getLogger("gpu_scheduler.extender")
@@ -85,9 +85,24 @@ def refusal_text(decision: Decision) -> str:
     return truncate_message(f"{decision.reason}: {decision.message}")
 
 
+class Backend(Protocol):
+    """What the extender sees of the scheduler (``scheduler.core.Scheduler``)."""
+
+    metrics: Metrics
+    placement: Placement
+
+    @property
+    def name(self) -> str: ...
+    def synced(self) -> bool: ...
+    def is_leader(self) -> bool: ...
+    def leader_holder(self) -> str: ...
+    def pod(self, key: str) -> Mapping[str, Any] | None: ...
+    def decide(self, pod: Mapping[str, Any], room: bool = True) -> Decision: ...
+
+
 class ExtenderMetrics:
-    def __init__(self, scheduler: Scheduler) -> None:
-        r = scheduler.metrics.registry
+    def __init__(self, metrics: Metrics) -> None:
+        r = metrics.registry
         self.requests = Counter(
             "gpu_scheduler_extender_requests",
             "Extender calls by verb (filter, bind) and result (ok, refused, passthrough, error).",
@@ -109,30 +124,30 @@ class ExtenderMetrics:
 class Extender:
     """The filter and bind verbs, answered from the scheduler's caches and ledger."""
 
-    def __init__(self, scheduler: Scheduler, api_client: Any) -> None:
-        self.sched = scheduler
+    def __init__(self, backend: Backend, api_client: Any) -> None:
+        self.sched = backend
         self.core = client.CoreV1Api(api_client)
-        self.metrics = ExtenderMetrics(scheduler)
+        self.metrics = ExtenderMetrics(backend.metrics)
 
     @property
     def name(self) -> str:
-        return self.sched.settings.scheduler_name
+        return self.sched.name
 
     def _not_serving(self) -> str | None:
         """Why this process may not answer now (caches not synced, not the leader), or None."""
-        if not (self.sched.pods.synced.is_set() and self.sched.nodes.synced.is_set()):
+        if not self.sched.synced():
             return f"{NOT_SYNCED}: {self.name} has not synced its pod and node caches yet"
         if not self.sched.is_leader():
-            holder = self.sched.elector.holder if self.sched.elector else ""
+            holder = self.sched.leader_holder()
             return f"{NOT_LEADER}: this replica of {self.name} does not lead" + (
                 f" (the leader is {holder})" if holder else ""
             )
         return None
 
     def decide(self, pod: Mapping[str, Any]) -> Decision:
-        """The standalone scheduler's checks (``rules.evaluate``) on its caches and ledger."""
-        sched = self.sched
-        return evaluate(pod, sched.nodes.view(), sched.ledger, sched.settings.require_injection)
+        """The standalone scheduler's checks (``rules.evaluate``) on its caches and ledger, less
+        the fit checks (kube-scheduler's own filters ran them)."""
+        return self.sched.decide(pod, room=False)
 
     # -- filter -------------------------------------------------------------------------
 
@@ -215,7 +230,7 @@ class Extender:
         if why_not:
             self.metrics.requests.labels("bind", "error").inc()
             return why_not
-        pod = self.sched.pods.get(key)
+        pod = self.sched.pod(key)
         if pod is None or Pod(pod).uid != uid:
             # kube-scheduler's watch may be ahead of ours: read the pod once.
             try:
@@ -237,7 +252,7 @@ class Extender:
                 return ""
             return self._refused(f"pod {key} is already bound to node {view.node_name!r}")
         if not is_mapped(pod):
-            return self._post_binding(pod, node, None)
+            return self._answer(pod, self.sched.placement.bind(pod, node))
         decision = self.decide(pod)
         entry = decision.entry
         if entry is None or not decision.ok:
@@ -247,33 +262,16 @@ class Extender:
                 f"{MAPPED_ELSEWHERE}: replica {entry.ordinal} is mapped to {entry.node}:{entry.devices}, "
                 f"not to node {node!r}"
             )
-        conflicts = self.sched.ledger.reserve(pod, Claim.of(entry.node, entry.gpus))
-        if conflicts:
-            refused = Decision(decision.ordinal, entry, tuple(gpus_in_use(entry, conflicts)))
-            return self._refused(refusal_text(refused))
-        if not self.sched.is_leader():
-            self.sched.ledger.cancel(pod)
-            self.metrics.requests.labels("bind", "error").inc()
-            return f"{NOT_LEADER}: this replica of {self.name} lost the lease"
-        return self._post_binding(pod, node, decision)
+        return self._answer(pod, self.sched.placement.place(pod, decision, None, room=False))
 
-    def _post_binding(self, pod: Mapping[str, Any], node: str, decision: Decision | None) -> str:
-        """POST the Binding; on a refusal drop the reservation (kept when the outcome is unknown)."""
-        view = Pod(pod)
-        mapped = decision is not None
-        try:
-            result = self.sched.writer.bind(pod, node)
-        except Exception as err:
-            if mapped and api_error(err) not in (ApiError.SERVER_ERROR, ApiError.NO_ANSWER):
-                self.sched.ledger.cancel(pod)  # refused (4xx): nothing was bound
-            self.metrics.requests.labels("bind", "error").inc()
-            self.sched.metrics.failures.labels("APIError").inc()
-            return f"APIError: binding to node {node!r} failed: {error_message(err)}"
-        if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
-            if result.outcome is BindOutcome.BOUND:
+    def _answer(self, pod: Mapping[str, Any], placed: Placed) -> str:
+        """The bind verb's answer for the placement step's outcome ("" when bound)."""
+        view, node = Pod(pod), placed.node
+        if placed.bound:
+            if placed.outcome is Outcome.BOUND:
                 self.sched.metrics.pods_bound.inc()
             self.metrics.requests.labels("bind", "ok").inc()
-            entry = decision.entry if decision else None
+            entry = placed.decision.entry if placed.decision else None
             log.info(
                 "bound",
                 extra={
@@ -285,10 +283,17 @@ class Extender:
                 },
             )
             return ""
-        if mapped:
-            self.sched.ledger.cancel(pod)
-        if result.outcome is BindOutcome.ELSEWHERE:
-            return self._refused(f"pod {view.key} was bound to node {result.node!r} by someone else")
+        if placed.outcome is Outcome.TAKEN and placed.decision is not None:
+            return self._refused(refusal_text(placed.decision))
+        if placed.outcome is Outcome.NOT_LEADER:
+            self.metrics.requests.labels("bind", "error").inc()
+            return f"{NOT_LEADER}: this replica of {self.name} lost the lease"
+        if placed.error is not None:
+            self.metrics.requests.labels("bind", "error").inc()
+            self.sched.metrics.failures.labels(API_ERROR).inc()
+            return f"{API_ERROR}: binding to node {node!r} failed: {error_message(placed.error)}"
+        if placed.outcome is Outcome.ELSEWHERE:
+            return self._refused(f"pod {view.key} was bound to node {node!r} by someone else")
         return self._refused(f"pod {view.key} was deleted or replaced")
 
     # -- health -------------------------------------------------------------------------

@@ -13,15 +13,81 @@ import ssl
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
+
+from kubernetes import client
 
 from gpu_scheduling import logs
 from gpu_scheduling.kubeclient import load_client
 from scheduler import settings as settings_mod
+from scheduler.binding import PodWriter
 from scheduler.core import Scheduler
+from scheduler.events import EventRecorder
 from scheduler.extender import Extender, ExtenderServer, tls_context
+from scheduler.leader import LeaderElector
+from scheduler.metrics import Metrics
+from scheduler.pods import share_map_text
 from scheduler.server import HealthServer
+from scheduler.usage import ASSIGNED_SELECTOR, compact
+from scheduler.watch import Informer
 
 log = logging.getLogger("gpu_scheduler")
+
+
+def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
+    """The scheduler and everything it talks to the API with: the pod writer, the event
+    recorder, the three informers (whose handlers are the scheduler's) and the elector."""
+    core = client.CoreV1Api(api_client)
+    name = settings.scheduler_name
+    metrics = Metrics()
+    sched: Scheduler | None = None
+    events = EventRecorder(
+        client.EventsV1Api(api_client),
+        controller=name,
+        instance=f"{name}-{settings.identity}",
+        # Scheduled Events wait while pods are being placed: Bindings first.
+        busy=lambda: sched is not None and sched.placing(),
+    )
+    sched = Scheduler(settings, PodWriter(core, field_manager=name), events, metrics)
+    on_pods, on_assigned, on_nodes = sched.handlers()
+    pods = Informer(
+        "pods",
+        core.list_pod_for_all_namespaces,
+        on_pods,
+        field_selector=f"spec.schedulerName={name}",
+        on_relist=sched.relisted,
+        transform=share_map_text,
+    )
+    # Every bound, non-terminated pod (whoever placed it), as a footprint: what the fit checks count.
+    assigned = Informer(
+        "assigned-pods",
+        core.list_pod_for_all_namespaces,
+        on_assigned,
+        # Bound pods of every other scheduler; ours (spec.schedulerName is immutable, so a
+        # pod is on exactly one of the two watches) are counted from the pods informer.
+        field_selector=f"{ASSIGNED_SELECTOR},spec.schedulerName!={name}",
+        on_relist=sched.relisted,
+        transform=compact,
+    )
+    nodes = Informer("nodes", core.list_node, on_nodes, on_relist=sched.relisted)
+    elector: LeaderElector | None = None
+    if settings.leader_elect:
+        elector = LeaderElector(
+            client.CoordinationV1Api(api_client),
+            settings.lease_namespace,
+            settings.lease_name,
+            settings.identity,
+            lease_duration=settings.lease_duration,
+            renew_deadline=settings.renew_deadline,
+            retry_period=settings.retry_period,
+            on_started=sched.started_leading,
+            on_stopped=sched.stopped_leading,
+            events=events,
+        )
+        lease = elector
+        metrics.track_leader(lambda: lease.health().last_renewal_age_s, lambda: lease.health().renewing)
+    sched.attach(pods, assigned, nodes, elector)
+    return sched
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot load the Kubernetes client configuration", extra={"error": str(err)})
         return 1
 
-    scheduler = Scheduler(settings, api_client)
+    scheduler = build(settings, api_client)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         log.info("shutting down", extra={"signal": signal.Signals(signum).name})

@@ -40,8 +40,8 @@ from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
 from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
 from gpu_scheduling.schedmap import ANNOTATION, MapError
 from localcluster.admission import admission_review
-from scheduler.core import is_pending
 from scheduler.ledger import Claim, Ledger
+from scheduler.pods import is_pending
 from scheduler.usage import NodeUsage
 from webhook.app import create_app
 from webhook.nodes import NodeInfo

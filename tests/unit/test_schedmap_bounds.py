@@ -333,7 +333,7 @@ def test_parse_cached_from_many_threads() -> None:
 
 def test_equal_map_texts_are_kept_once_by_the_schedulers_pod_cache() -> None:
     from gpu_scheduling.schedmap import parse_cache_clear, shared_text
-    from scheduler.core import share_map_text
+    from scheduler.pods import share_map_text
 
     parse_cache_clear()
     text = "".join(f"{i}=node{i % 7}:{i % 8}\n" for i in range(3000))

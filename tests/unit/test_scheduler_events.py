@@ -146,13 +146,14 @@ def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any)
     from gpu_scheduling.rules import Decision
     from gpu_scheduling.schedmap import Entry
     from scheduler import core
+    from scheduler.main import build
     from scheduler.settings import Settings
 
     clock = Clock()
     clock.now = 500.0
     # Only scheduler.core's clock: the process-wide time.monotonic stays untouched.
     monkeypatch.setattr(core, "time", SimpleNamespace(monotonic=clock))
-    sched = core.Scheduler(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
+    sched = build(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
     assert sched.events.busy is not None and not sched.events.busy()
     sched.queue.add("ns/w-1")
     assert sched.placing()

@@ -18,6 +18,7 @@ from localcluster.pki import LocalPKI
 from scheduler import settings as settings_mod
 from scheduler.core import Scheduler
 from scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer, tls_context
+from scheduler.main import build
 from scheduler.settings import Settings, SettingsError
 
 NAME = "gpu-scheduler"
@@ -48,7 +49,7 @@ def mapped_pod(name: str, smap: str, *, uid: str | None = None, node: str | None
 @pytest.fixture
 def sched() -> Scheduler:
     """A scheduler whose caches are fed by hand (no API call is made): node1, node2 with 4 GPUs."""
-    s = Scheduler(
+    s = build(
         Settings(leader_elect=False, require_injection=False, identity="t", mode="extender"),
         client.ApiClient(),
     )

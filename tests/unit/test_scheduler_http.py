@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scheduler.core import Scheduler, is_pending, pod_signature
+from scheduler.core import Scheduler
 from scheduler.leader import LeaseRecord
+from scheduler.main import build
 from scheduler.metrics import Metrics
+from scheduler.pods import is_pending, pod_signature
 from scheduler.server import HealthServer, Probes
 from scheduler.settings import Settings
 
@@ -111,7 +113,7 @@ def lease_scheduler() -> Iterator[tuple[str, Scheduler, FakeClock]]:
     Nothing is started: no request reaches an apiserver (the ApiClient points nowhere).
     """
     settings = Settings(identity="me", lease_duration=3, renew_deadline=2, retry_period=0.5).validate()
-    sched = Scheduler(settings, client.ApiClient())
+    sched = build(settings, client.ApiClient())
     assert sched.elector is not None
     clock = FakeClock()
     sched.elector._clock = clock
@@ -144,7 +146,7 @@ def test_readiness_fails_when_nobody_renews_for_twice_the_lease_duration(
     assert code == 200, body
     assert json.loads(body)["checks"]["leader-renewing"] is True
     assert math.isnan(_sample(get(url + "/metrics")[2], "gpu_scheduler_leader_last_renewal_age_seconds"))
-    alive_before = sched.alive()
+    alive_before = sched.health.alive()
 
     elector.begin()
     elector.observe(LeaseRecord("replica-b", 3, None, None, 0, "1"))
@@ -174,8 +176,8 @@ def test_readiness_fails_when_nobody_renews_for_twice_the_lease_duration(
     assert _sample(metrics, "gpu_scheduler_leader_healthy") == 0
     assert _sample(metrics, "gpu_scheduler_leader_last_renewal_age_seconds") == pytest.approx(6.1)
     # Liveness does not look at the Lease (a restart cannot make anyone renew).
-    assert sched.alive() == alive_before
-    assert "leader-renewing" not in sched.alive()
+    assert sched.health.alive() == alive_before
+    assert "leader-renewing" not in sched.health.alive()
 
     # Someone renews again: ready at once.
     elector.observe(LeaseRecord("replica-c", 3, None, None, 1, "2"))
@@ -201,9 +203,9 @@ def test_readiness_fails_at_once_while_a_holder_claims_an_absurd_duration(
 
 
 def test_without_leader_election_there_is_no_lease_check() -> None:
-    sched = Scheduler(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
-    assert "leader-renewing" not in sched.ready()
-    assert sched.summary()["lease"] is None
+    sched = build(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
+    assert "leader-renewing" not in sched.health.ready()
+    assert sched.health.summary()["lease"] is None
     metrics = sched.metrics.render().decode()
     assert _sample(metrics, "gpu_scheduler_leader_healthy") == 1
 

@@ -1,0 +1,270 @@
+"""``Scheduler.process`` without an apiserver: caches fed by hand, a writer that records.
+
+What one pass of the work loop does for each outcome of the decision and of the
+Binding: bind the mapped node, refuse with the reason (event, condition, the
+node it waits on, a retry), keep or drop the reservation by the kind of API
+failure, say so when someone else bound the pod, and never bind when not the
+leader or for a pod admitted without its GPU variables.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, cast
+
+import pytest
+from kubernetes.client import ApiException
+
+from gpu_scheduling.rules import GPU_IN_USE, NODE_NOT_FOUND, NOT_INJECTED
+from localcluster.cluster import gpu_node_manifest
+from scheduler.binding import BindOutcome, BindResult, PodWriter
+from scheduler.core import Scheduler
+from scheduler.events import EventRecorder
+from scheduler.ledger import Claim
+from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE
+from scheduler.settings import Settings
+
+NAME = "gpu-scheduler"
+
+
+class Cache:
+    """A cache fed by hand, read as the scheduler reads an informer."""
+
+    def __init__(self, objs: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+        self.objs = {self.key(o): o for o in objs}
+        self.synced = threading.Event()
+        self.synced.set()
+
+    @staticmethod
+    def key(obj: Mapping[str, Any]) -> str:
+        meta = obj["metadata"]
+        return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.objs.get(key)
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.objs.values())
+
+    def view(self) -> Mapping[str, dict[str, Any]]:
+        return self.objs
+
+    def alive(self) -> bool:
+        return True
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        raise AssertionError("nothing is started in these tests")
+
+    def __len__(self) -> int:
+        return len(self.objs)
+
+
+class Writer:
+    """Records each call; ``answers`` are what the next Bindings return (or raise)."""
+
+    def __init__(self) -> None:
+        self.binds: list[tuple[str, str]] = []
+        self.conditions: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
+        self.answers: list[BindResult | BaseException] = []
+
+    def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
+        self.binds.append((Cache.key(pod), node))
+        answer = self.answers.pop(0) if self.answers else BindResult(BindOutcome.BOUND, node)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def set_unschedulable(self, pod: Mapping[str, Any], message: str) -> None:
+        self.conditions.append((Cache.key(pod), message))
+
+    def recreate(self, pod: Mapping[str, Any]) -> bool:
+        self.deleted.append(Cache.key(pod))
+        return True
+
+
+class Events:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, str, str]] = []  # (type, pod key, reason, note)
+        self.busy = None
+
+    def warning(self, pod: Mapping[str, Any], reason: str, note: str) -> bool:
+        self.sent.append(("Warning", Cache.key(pod), reason, note))
+        return True
+
+    def normal(self, pod: Mapping[str, Any], reason: str, note: str) -> None:
+        self.sent.append(("Normal", Cache.key(pod), reason, note))
+
+    def forget(self, uid: str) -> None:
+        pass
+
+    def reasons(self) -> list[str]:
+        return [reason for _, _, reason, _ in self.sent]
+
+
+def node(name: str, gpus: int = 4) -> dict[str, Any]:
+    n = gpu_node_manifest(name, gpus=gpus)
+    n["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return n
+
+
+def pod(name: str, smap: str, *, injected: bool = True, owner: bool = True) -> dict[str, Any]:
+    env = [{"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}] if injected else []
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "uid": f"uid-{name}",
+        "annotations": {"gpu-scheduling-map": smap},
+    }
+    if owner:
+        meta["ownerReferences"] = [{"kind": "StatefulSet", "name": "w", "uid": "sts-uid", "controller": True}]
+    return {
+        "metadata": meta,
+        "spec": {"schedulerName": NAME, "containers": [{"name": "main", "image": "x", "env": env}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+class World:
+    def __init__(self, pods: list[dict[str, Any]], nodes: list[dict[str, Any]], **settings: Any) -> None:
+        self.writer, self.events = Writer(), Events()
+        self.settings = Settings(identity="t", leader_elect=False, **settings).validate()
+        self.sched = Scheduler(self.settings, cast(PodWriter, self.writer), cast(EventRecorder, self.events))
+        self.pods = Cache(pods)
+        self.sched.attach(self.pods, Cache(), Cache(nodes))
+        for p in pods:
+            self.sched.ledger.observe(p)
+        self.leading = True
+        self.sched.is_leader = lambda: self.leading  # type: ignore[method-assign]
+
+    def holders(self, node: str, gpu: int) -> list[str]:
+        return [key for _, key in self.sched.ledger.holders(node, [gpu])]
+
+    def retries(self) -> int:
+        return len(self.sched.queue._due)
+
+
+@pytest.fixture
+def world() -> World:
+    return World([pod("w-0", "0=node1:0,1")], [node("node1")], require_injection=False)
+
+
+def test_a_mapped_pod_is_bound_to_its_node_and_holds_its_gpus(world: World) -> None:
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == [("ns/w-0", "node1")]
+    assert world.holders("node1", 0) == ["ns/w-0"] and world.holders("node1", 1) == ["ns/w-0"]
+    assert world.events.reasons() == ["Scheduled"]
+    assert "replica 0" in world.events.sent[0][3]
+    assert world.retries() == 0 and len(world.sched.waiting) == 0
+
+
+def test_a_held_gpu_refuses_with_the_reason_the_condition_and_a_retry(world: World) -> None:
+    other = pod("x-0", "0=node1:1")
+    other["spec"]["nodeName"] = "node1"
+    other["status"]["phase"] = "Running"
+    world.sched.ledger.observe(other)
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == []
+    assert world.events.reasons() == ["FailedScheduling"]
+    assert world.events.sent[0][3].startswith(f"{GPU_IN_USE}:") and "ns/x-0" in world.events.sent[0][3]
+    assert [key for key, _ in world.writer.conditions] == ["ns/w-0"]
+    # Nothing is kept for a refused pod (x-0 holds both GPUs: its variables say 0,1).
+    assert world.holders("node1", 0) == ["ns/x-0"] and world.holders("node1", 1) == ["ns/x-0"]
+    assert world.sched.waiting.waiting_on(["node1"]) == ["ns/w-0"]
+    assert world.retries() == 1
+    # The same refusal again: another Event, but the condition is not written twice.
+    world.sched.process("ns/w-0")
+    assert len(world.writer.conditions) == 1 and world.events.reasons() == ["FailedScheduling"] * 2
+
+
+def test_a_missing_node_waits_on_that_node_and_is_retried_when_it_comes(world: World) -> None:
+    world.sched.nodes = Cache([])
+    world.sched.process("ns/w-0")
+    assert world.events.sent[0][3].startswith(f"{NODE_NOT_FOUND}:")
+    world.sched.queue._due.clear()
+    world.sched.handlers()[2].on_add(node("node1"))  # the node appears: the waiting pod is queued now
+    assert world.sched.queue.get(timeout=0) == "ns/w-0"
+
+
+@pytest.mark.parametrize(("status", "kept"), [(500, True), (503, True), (422, False), (403, False)])
+def test_a_failed_binding_keeps_the_reservation_only_when_its_outcome_is_unknown(
+    world: World, status: int, kept: bool
+) -> None:
+    world.writer.answers = [ApiException(status=status, reason="boom")]
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == [("ns/w-0", "node1")]
+    assert world.holders("node1", 0) == (["ns/w-0"] if kept else [])
+    assert world.events.reasons() == ["FailedScheduling"]
+    assert world.events.sent[0][3].startswith(f"{API_ERROR}: binding to node 'node1' failed")
+    assert world.retries() == 1
+
+
+def test_a_pod_someone_else_bound_is_reported_and_its_reservation_dropped(world: World) -> None:
+    world.writer.answers = [BindResult(BindOutcome.ELSEWHERE, "node9")]
+    world.sched.process("ns/w-0")
+    assert world.holders("node1", 0) == []
+    assert world.events.sent[0][2] == "FailedScheduling"
+    assert world.events.sent[0][3].startswith(f"{BOUND_ELSEWHERE}:") and "'node9'" in world.events.sent[0][3]
+    assert world.retries() == 0
+
+
+def test_no_binding_when_not_the_leader(world: World) -> None:
+    world.leading = False
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == [] and world.events.sent == []
+    assert world.holders("node1", 0) == []
+
+
+def test_leadership_lost_after_the_reservation_binds_nothing_and_keeps_nothing(world: World) -> None:
+    answers = iter([True, False])  # leader when the work starts, not when the Binding would go
+    world.sched.is_leader = lambda: next(answers)  # type: ignore[method-assign]
+    world.sched.placement._is_leader = world.sched.is_leader
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == []
+    assert world.holders("node1", 0) == []
+
+
+def test_a_gpu_taken_between_the_decision_and_the_reservation_refuses(world: World) -> None:
+    """Two workers deciding at once: the ledger's reservation is atomic with its conflict check."""
+    real_decide = world.sched.decide
+
+    def decide(p: Mapping[str, Any], room: bool = True) -> Any:
+        decision = real_decide(p, room)
+        world.sched.ledger.reserve(pod("x-0", "0=node1:1"), Claim.of("node1", (1,)))  # the other worker
+        return decision
+
+    world.sched.decide = decide  # type: ignore[method-assign]
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == []
+    assert world.events.sent[0][3].startswith(f"{GPU_IN_USE}:")
+    assert world.holders("node1", 0) == [] and world.holders("node1", 1) == ["ns/x-0"]
+
+
+def test_a_pod_admitted_without_its_variables_is_never_bound() -> None:
+    w = World([pod("w-0", "0=node1:0,1", injected=False, owner=False)], [node("node1")])
+    w.sched.process("ns/w-0")
+    assert w.writer.binds == [] and w.writer.deleted == []
+    assert w.events.reasons() == [NOT_INJECTED]
+    assert "it has no controller" in w.events.sent[0][3]
+    assert [key for key, _ in w.writer.conditions] == ["ns/w-0"]
+
+
+def test_a_replica_admitted_without_its_variables_is_deleted_after_its_backoff() -> None:
+    w = World([pod("w-0", "0=node1:0,1", injected=False)], [node("node1")], backoff_initial=0.05)
+    w.sched.process("ns/w-0")
+    assert (
+        w.writer.deleted == [] and "will be deleted so that StatefulSet w recreates it" in w.events.sent[0][3]
+    )
+    due = w.sched.queue._due["ns/w-0"]
+    assert 0 < due - w.sched.queue._clock() <= 0.05
+    threading.Event().wait(0.06)
+    w.sched.process("ns/w-0")
+    assert w.writer.binds == [] and w.writer.deleted == ["ns/w-0"]
+    assert "deleted it so that StatefulSet w recreates it" in w.events.sent[-1][3]
+
+
+def test_a_gated_pod_is_left_alone(world: World) -> None:
+    world.pods.objs["ns/w-0"]["spec"]["schedulingGates"] = [{"name": "wait"}]
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == [] and world.events.sent == []
