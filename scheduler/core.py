@@ -32,7 +32,14 @@ from gpu_scheduling.kubeclient import ApiError, api_error, error_message
 from gpu_scheduling.objects import Node, Pod
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
 from gpu_scheduling.rules import (
+    API_ERROR,
+    BOUND_ELSEWHERE,
+    FAILED_SCHEDULING,
+    KUBELET_ADMISSION_REASONS,
+    KUBELET_OUT_OF,
     NOT_INJECTED,
+    REFUSED_BY_KUBELET,
+    SCHEDULED,
     Decision,
     evaluate,
     gpus_in_use,
@@ -45,7 +52,7 @@ from scheduler.binding import BindOutcome, PodWriter, truncate_message
 from scheduler.events import EventRecorder
 from scheduler.leader import LeaderElector
 from scheduler.ledger import Claim, Ledger, pod_key
-from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
+from scheduler.metrics import Metrics
 from scheduler.server import Probes
 from scheduler.settings import EXTENDER, Settings
 from scheduler.usage import ASSIGNED_SELECTOR, NodeUsage, compact, footprint
@@ -54,23 +61,6 @@ from scheduler.workqueue import Backoff, WorkQueue
 
 log = logging.getLogger("gpu_scheduler")
 
-FAILED_SCHEDULING = "FailedScheduling"
-SCHEDULED = "Scheduled"
-REFUSED_BY_KUBELET = "RefusedByKubelet"
-# status.reason of a pod the kubelet rejected at admission (besides OutOf<resource>).
-KUBELET_ADMISSION_REASONS = frozenset(
-    {
-        "NodeAffinity",
-        "NodePorts",
-        "NodeName",
-        "UnexpectedAdmissionError",
-        "TopologyAffinityError",
-        "InvalidNodeInfo",
-        "PodOSNotSupported",
-        "PodOSSelectorNodeLabelDoesNotMatch",
-        "SysctlForbidden",
-    }
-)
 # How many kubelet refusals are remembered (oldest forgotten first).
 MAX_REFUSALS = 10_000
 
@@ -118,7 +108,7 @@ def refused_by_kubelet(pod: Mapping[str, Any]) -> bool:
     reason = view.status.get("reason")
     if view.phase != "Failed" or not view.node_name or not isinstance(reason, str):
         return False
-    return reason.startswith("OutOf") or reason in KUBELET_ADMISSION_REASONS
+    return reason.startswith(KUBELET_OUT_OF) or reason in KUBELET_ADMISSION_REASONS
 
 
 @dataclass(frozen=True)

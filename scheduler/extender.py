@@ -43,7 +43,16 @@ from prometheus_client import Counter, Histogram
 
 from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
 from gpu_scheduling.objects import Pod
-from gpu_scheduling.rules import Decision, evaluate, gpus_in_use
+from gpu_scheduling.rules import (
+    API_ERROR,
+    MAPPED_ELSEWHERE,
+    NOT_A_CANDIDATE,
+    NOT_LEADER,
+    NOT_SYNCED,
+    Decision,
+    evaluate,
+    gpus_in_use,
+)
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import TIMEOUT, BindOutcome, truncate_message
 from scheduler.core import Scheduler
@@ -60,9 +69,6 @@ MAX_CONNECTIONS = 64
 # Longer than the idle timeout of kube-scheduler's HTTP client (90 s): the client, not
 # this server, closes idle keep-alive connections, so a POST never meets a closed one.
 IDLE_TIMEOUT_S = 120.0
-NOT_LEADER = "NotLeader"
-NOT_SYNCED = "NotSynced"
-MAPPED_ELSEWHERE = "NotMappedNode"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -188,7 +194,7 @@ class Extender:
         if not keep:
             log.debug(
                 "filter: no node",
-                extra={"pod": view.key, "mapped": entry.node, "reason": decision.reason or "NotACandidate"},
+                extra={"pod": view.key, "mapped": entry.node, "reason": decision.reason or NOT_A_CANDIDATE},
             )
         return answer(keep, failed)
 
@@ -267,7 +273,7 @@ class Extender:
             if mapped and api_error(err) not in (ApiError.SERVER_ERROR, ApiError.NO_ANSWER):
                 self.sched.ledger.cancel(pod)  # refused (4xx): nothing was bound
             self.metrics.requests.labels("bind", "error").inc()
-            self.sched.metrics.failures.labels("APIError").inc()
+            self.sched.metrics.failures.labels(API_ERROR).inc()
             return f"APIError: binding to node {node!r} failed: {error_message(err)}"
         if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
             if result.outcome is BindOutcome.BOUND:
