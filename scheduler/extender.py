@@ -274,7 +274,7 @@ class Extender:
                 self.sched.ledger.cancel(pod)  # refused (4xx): nothing was bound
             self.metrics.requests.labels("bind", "error").inc()
             self.sched.metrics.failures.labels(API_ERROR).inc()
-            return f"APIError: binding to node {node!r} failed: {error_message(err)}"
+            return f"{API_ERROR}: binding to node {node!r} failed: {error_message(err)}"
         if result.outcome in (BindOutcome.BOUND, BindOutcome.ALREADY):
             if result.outcome is BindOutcome.BOUND:
                 self.sched.metrics.pods_bound.inc()

@@ -68,8 +68,9 @@ def test_reasons_are_spelt_once() -> None:
 
 
 def _reason_literals(path: Path) -> list[str]:
-    """String literals in ``path`` that are a catalogued reason, or that sit where a reason goes:
-    the reason argument of an Event or a metrics label, a ``"reason": ...`` entry."""
+    """String literals in ``path`` that are a catalogued reason (or open a note with one,
+    ``"APIError: ..."``), or that sit where a reason goes: the reason argument of an Event
+    or a metrics label, a ``"reason": ...`` entry."""
     tree = ast.parse(path.read_text())
     hits: list[str] = []
 
@@ -78,7 +79,9 @@ def _reason_literals(path: Path) -> list[str]:
 
     for node in ast.walk(tree):
         text = literal(node)
-        if text is not None and text in EVERY_REASON | R.KUBELET_ADMISSION_REASONS:
+        if text is not None and (
+            text in EVERY_REASON | R.KUBELET_ADMISSION_REASONS or text.partition(":")[0] in EVERY_REASON
+        ):
             hits.append(f"{path.name}:{node.lineno}: {text!r}")  # type: ignore[attr-defined]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             method = node.func.attr
@@ -114,6 +117,7 @@ def test_the_literal_check_sees_a_reason(tmp_path: Path) -> None:
         'metrics.failures.labels("Oops").inc()\n'
         'events.warning(pod, "Scheduled", note)\n'
         'x = {"reason": "Nope"}\n'
+        'y = f"APIError: {err}"\n'
     )
-    # "Scheduled" twice: a catalogued reason, and at an Event's reason.
-    assert len(_reason_literals(planted)) == 4
+    # "Scheduled" twice: a catalogued reason, and at an Event's reason; "APIError:" opens a note.
+    assert len(_reason_literals(planted)) == 5

@@ -1,4 +1,4 @@
-"""The scheduler's checks: tolerations, node state, GPU range, holders, map resolution."""
+"""The scheduler's filters (gpu_scheduling.rules): tolerations, node state, GPU range, holders, map resolution."""
 
 from __future__ import annotations
 
