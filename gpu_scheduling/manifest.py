@@ -23,6 +23,7 @@ from gpu_scheduling.rules import (
     MISSPELT_ANNOTATION,
     NO_ORDINALS,
     Finding,
+    emits,
     gpu_resource_requested,
     map_not_on_template,
     node_name_on_pod,
@@ -154,6 +155,7 @@ def _annotation(annotations: Node | None) -> tuple[Node, Node] | None:
     return None
 
 
+@emits(MISSPELT_ANNOTATION)
 def _misspelt(annotations: Node | None) -> list[Note]:
     notes: list[Note] = []
     if isinstance(annotations, MappingNode):
@@ -226,6 +228,7 @@ def _at(spec: Node, where: str, path: str | None) -> Node | None:
     return _path(spec, *path[len(where) + 1 :].split("."))
 
 
+@emits(FOLDED_MAP)
 def _found(doc_no: int, doc: Node, path: str, annotations: Node | None, hit: tuple[Node, Node]) -> FoundMap:
     key, value = hit
     meta = _get(doc, "metadata")
@@ -268,6 +271,7 @@ def _found(doc_no: int, doc: Node, path: str, annotations: Node | None, hit: tup
     )
 
 
+@emits(NO_ORDINALS)
 def _scan(doc_no: int, doc: Node, scheduler_name: str, out: list[FoundMap], missing: list[Note]) -> None:
     kind = _str(_get(doc, "kind"))
     if kind and kind.endswith("List"):

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.kubeclient import ApiError, api_error, read_json
 from gpu_scheduling.objects import Pod
+from gpu_scheduling.rules import POD_UNSCHEDULABLE
 from scheduler.kube import discard, rfc3339, send_json
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -141,7 +142,7 @@ class PodWriter:
                     {
                         "type": "PodScheduled",
                         "status": "False",
-                        "reason": "Unschedulable",
+                        "reason": POD_UNSCHEDULABLE,
                         "message": truncate_message(message),
                         "lastTransitionTime": rfc3339(),
                         "lastProbeTime": None,

@@ -43,10 +43,17 @@ from prometheus_client import Counter, Histogram
 
 from gpu_scheduling.kubeclient import error_message, read_json
 from gpu_scheduling.objects import Pod
-from gpu_scheduling.rules import Decision
+from gpu_scheduling.rules import (
+    API_ERROR,
+    MAPPED_ELSEWHERE,
+    NOT_A_CANDIDATE,
+    NOT_LEADER,
+    NOT_SYNCED,
+    Decision,
+)
 from gpu_scheduling.schedmap import ANNOTATION
 from scheduler.binding import TIMEOUT, truncate_message
-from scheduler.metrics import API_ERROR, Metrics
+from scheduler.metrics import Metrics
 from scheduler.placement import Outcome, Placed, Placement
 from scheduler.server import Probes, ServingThread
 
@@ -60,9 +67,6 @@ MAX_CONNECTIONS = 64
 # Longer than the idle timeout of kube-scheduler's HTTP client (90 s): the client, not
 # this server, closes idle keep-alive connections, so a POST never meets a closed one.
 IDLE_TIMEOUT_S = 120.0
-NOT_LEADER = "NotLeader"
-NOT_SYNCED = "NotSynced"
-MAPPED_ELSEWHERE = "NotMappedNode"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
@@ -203,7 +207,7 @@ class Extender:
         if not keep:
             log.debug(
                 "filter: no node",
-                extra={"pod": view.key, "mapped": entry.node, "reason": decision.reason or "NotACandidate"},
+                extra={"pod": view.key, "mapped": entry.node, "reason": decision.reason or NOT_A_CANDIDATE},
             )
         return answer(keep, failed)
 

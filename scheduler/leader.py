@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
 from gpu_scheduling.objects import Meta
+from gpu_scheduling.rules import ABSURD_LEASE_DURATION
 from scheduler.kube import discard, micro_datetime, parse_time
 
 log = logging.getLogger("gpu_scheduler.leader")
@@ -45,7 +46,6 @@ log = logging.getLogger("gpu_scheduler.leader")
 ABSURD_FACTOR = 10
 # Nobody renewed for RENEWAL_GRACE x our lease duration: scheduling is stalled (readiness fails).
 RENEWAL_GRACE = 2
-ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"  # the Event's reason
 EVENT_ACTION = "LeaderElection"
 
 

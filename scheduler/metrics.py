@@ -7,13 +7,10 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from scheduler.checks import ALL_REASONS
+from gpu_scheduling.rules import ALL_REASONS, API_ERROR, BOUND_ELSEWHERE
 
 # Seconds from the moment this process first saw the pod pending to its Binding.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-# Failures that are not a check's refusal.
-API_ERROR = "APIError"
-BOUND_ELSEWHERE = "BoundElsewhere"
 
 
 class Metrics:

@@ -22,7 +22,14 @@ from typing import Any
 from gpu_scheduling.fit import affinity_signature
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.podinfo import ordinal_of
-from gpu_scheduling.rules import Decision, kubelet_refused, node_signature
+from gpu_scheduling.rules import (
+    KUBELET_ADMISSION_REASONS,
+    KUBELET_OUT_OF,
+    REFUSED_BY_KUBELET,
+    Decision,
+    kubelet_refused,
+    node_signature,
+)
 from scheduler.binding import truncate_message
 from scheduler.events import EventRecorder
 from scheduler.ledger import pod_key
@@ -32,21 +39,6 @@ from scheduler.usage import NodeUsage
 
 log = logging.getLogger("gpu_scheduler")
 
-REFUSED_BY_KUBELET = "RefusedByKubelet"
-# status.reason of a pod the kubelet rejected at admission (besides OutOf<resource>).
-KUBELET_ADMISSION_REASONS = frozenset(
-    {
-        "NodeAffinity",
-        "NodePorts",
-        "NodeName",
-        "UnexpectedAdmissionError",
-        "TopologyAffinityError",
-        "InvalidNodeInfo",
-        "PodOSNotSupported",
-        "PodOSSelectorNodeLabelDoesNotMatch",
-        "SysctlForbidden",
-    }
-)
 # How many kubelet refusals are remembered (oldest forgotten first).
 MAX_REFUSALS = 10_000
 
@@ -57,7 +49,7 @@ def refused_by_kubelet(pod: Mapping[str, Any]) -> bool:
     reason = view.status.get("reason")
     if view.phase != "Failed" or not view.node_name or not isinstance(reason, str):
         return False
-    return reason.startswith("OutOf") or reason in KUBELET_ADMISSION_REASONS
+    return reason.startswith(KUBELET_OUT_OF) or reason in KUBELET_ADMISSION_REASONS
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,14 @@ from typing import Any
 
 from gpu_scheduling.kubeclient import error_message
 from gpu_scheduling.objects import Pod
-from gpu_scheduling.rules import Decision
+from gpu_scheduling.rules import API_ERROR, BOUND_ELSEWHERE, FAILED_SCHEDULING, SCHEDULED, Decision
 from gpu_scheduling.schedmap import Entry
 from scheduler.binding import PodWriter, truncate_message
 from scheduler.events import EventRecorder
 from scheduler.ledger import pod_key
-from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
+from scheduler.metrics import Metrics
 
 log = logging.getLogger("gpu_scheduler")
-
-FAILED_SCHEDULING = "FailedScheduling"
-SCHEDULED = "Scheduled"
 
 
 class Reporter:

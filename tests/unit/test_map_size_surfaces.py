@@ -230,9 +230,9 @@ def _scheduler_pod(text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> None:
+    from gpu_scheduling.rules import INVALID_MAP, evaluate
     from gpu_scheduling.schedmap import parse_cache_clear
     from scheduler.binding import MESSAGE_LIMIT, truncate_message
-    from scheduler.checks import INVALID_MAP, evaluate
     from scheduler.events import NOTE_LIMIT, truncate
     from scheduler.ledger import Ledger
 
@@ -257,7 +257,7 @@ def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> No
 
 @pytest.mark.parametrize("shape", ["many-bad-lines", "duplicate-ordinals", "duplicate-gpus", "commas"])
 def test_scheduler_message_for_a_map_just_under_the_limit_is_bounded(shape: str) -> None:
-    from scheduler.checks import INVALID_MAP, evaluate
+    from gpu_scheduling.rules import INVALID_MAP, evaluate
     from scheduler.ledger import Ledger
 
     decision = evaluate(_scheduler_pod(malformed(UNDER_CAP)[shape]), {}, Ledger())

@@ -16,13 +16,12 @@ from typing import Any, cast
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_scheduling.rules import GPU_IN_USE, NODE_NOT_FOUND, NOT_INJECTED
+from gpu_scheduling.rules import API_ERROR, BOUND_ELSEWHERE, GPU_IN_USE, NODE_NOT_FOUND, NOT_INJECTED
 from localcluster.cluster import gpu_node_manifest
 from scheduler.binding import BindOutcome, BindResult, PodWriter
 from scheduler.core import Scheduler
 from scheduler.events import EventRecorder
 from scheduler.ledger import Claim
-from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE
 from scheduler.settings import Settings
 
 NAME = "gpu-scheduler"

@@ -1,4 +1,4 @@
-"""The scheduler's checks: tolerations, node state, GPU range, holders, map resolution."""
+"""The scheduler's filters (gpu_scheduling.rules): tolerations, node state, GPU range, holders, map resolution."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from gpu_scheduling import rules
 from gpu_scheduling.injection import desired_env
 from gpu_scheduling.podinfo import entry_for
-from scheduler import checks
-from scheduler.checks import evaluate, tolerates, untolerated_taints
+from gpu_scheduling.rules import evaluate, tolerates, untolerated_taints
 from scheduler.ledger import Claim, Ledger
 
 
@@ -115,102 +115,102 @@ def test_only_noschedule_and_noexecute_taints_block() -> None:
     [("4", 4), ("8", 8), ("0", 0), ("4000m", 4), ("1k", 1000), ("nonsense", None), ("-1", None)],
 )
 def test_gpu_count_reads_quantities(raw: str, expected: int | None) -> None:
-    assert checks.gpu_count(node(gpus=raw)) == expected
+    assert rules.gpu_count(node(gpus=raw)) == expected
 
 
 def test_gpu_count_falls_back_to_capacity_and_is_none_when_unreported() -> None:
     n = node(gpus=None)
-    assert checks.gpu_count(n) is None
+    assert rules.gpu_count(n) is None
     n["status"]["capacity"] = {"nvidia.com/gpu": "2"}
-    assert checks.gpu_count(n) == 2
+    assert rules.gpu_count(n) == 2
 
 
 def test_healthy_node_passes() -> None:
-    assert checks.check_node(pod(), _entry(), node("node2")) == []
+    assert rules.check_node(pod(), _entry(), node("node2")) == []
 
 
 def _entry(p: dict[str, Any] | None = None) -> Any:
-    decision = checks.resolve(p or pod())
+    decision = rules.resolve(p or pod())
     assert decision.entry is not None
     return decision.entry
 
 
 def test_missing_node() -> None:
-    [refusal] = checks.check_node(pod(), _entry(), None)
-    assert refusal.reason == checks.NODE_NOT_FOUND
+    [refusal] = rules.check_node(pod(), _entry(), None)
+    assert refusal.reason == rules.NODE_NOT_FOUND
     assert "'node2' does not exist" in refusal.message
     assert "replica 1 is mapped to node2:2" in refusal.message
 
 
 def test_cordoned_node_unless_the_pod_tolerates_the_unschedulable_taint() -> None:
     cordoned = node("node2", unschedulable=True)
-    [refusal] = checks.check_node(pod(), _entry(), cordoned)
-    assert refusal.reason == checks.NODE_UNSCHEDULABLE
+    [refusal] = rules.check_node(pod(), _entry(), cordoned)
+    assert refusal.reason == rules.NODE_UNSCHEDULABLE
     assert "'node2' is cordoned" in refusal.message
     tolerant = pod(
-        tolerations=[{"key": checks.UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+        tolerations=[{"key": rules.UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
     )
-    assert checks.check_node(tolerant, _entry(tolerant), cordoned) == []
+    assert rules.check_node(tolerant, _entry(tolerant), cordoned) == []
 
 
 def test_cordon_taint_added_by_the_node_controller_is_not_reported_twice() -> None:
     cordoned = node(
-        "node2", unschedulable=True, taints=[{"key": checks.UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}]
+        "node2", unschedulable=True, taints=[{"key": rules.UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}]
     )
-    assert [r.reason for r in checks.check_node(pod(), _entry(), cordoned)] == [checks.NODE_UNSCHEDULABLE]
+    assert [r.reason for r in rules.check_node(pod(), _entry(), cordoned)] == [rules.NODE_UNSCHEDULABLE]
 
 
 @pytest.mark.parametrize(
     ("ready", "words"), [("False", "Ready=False"), ("Unknown", "Ready=Unknown"), (None, "no Ready")]
 )
 def test_node_not_ready(ready: str | None, words: str) -> None:
-    [refusal] = checks.check_node(pod(), _entry(), node("node2", ready=ready))
-    assert refusal.reason == checks.NODE_NOT_READY
+    [refusal] = rules.check_node(pod(), _entry(), node("node2", ready=ready))
+    assert refusal.reason == rules.NODE_NOT_READY
     assert words in refusal.message
     assert "'node2'" in refusal.message
 
 
 def test_untolerated_taint_is_named() -> None:
     tainted = node("node2", taints=[dict(TAINT)])
-    [refusal] = checks.check_node(pod(), _entry(), tainted)
-    assert refusal.reason == checks.TAINT_NOT_TOLERATED
+    [refusal] = rules.check_node(pod(), _entry(), tainted)
+    assert refusal.reason == rules.TAINT_NOT_TOLERATED
     assert "gpu=reserved:NoSchedule" in refusal.message
     tolerant = pod(tolerations=[{"key": "gpu", "operator": "Exists"}])
-    assert checks.check_node(tolerant, _entry(tolerant), tainted) == []
+    assert rules.check_node(tolerant, _entry(tolerant), tainted) == []
 
 
 def test_gpu_index_beyond_the_node_count() -> None:
     p = pod(smap="1=node2:1,3,5")
-    [refusal] = checks.check_node(p, _entry(p), node("node2", gpus="4"))
-    assert refusal.reason == checks.GPU_OUT_OF_RANGE
+    [refusal] = rules.check_node(p, _entry(p), node("node2", gpus="4"))
+    assert refusal.reason == rules.GPU_OUT_OF_RANGE
     assert "GPU 5 on node 'node2' does not exist" in refusal.message
     assert "allocatable=4" in refusal.message
     assert "valid indices 0-3" in refusal.message
-    assert checks.check_node(p, _entry(p), node("node2", gpus="6")) == []
-    [none] = checks.check_node(p, _entry(p), node("node2", gpus="0"))
+    assert rules.check_node(p, _entry(p), node("node2", gpus="6")) == []
+    [none] = rules.check_node(p, _entry(p), node("node2", gpus="0"))
     assert "it has none" in none.message
 
 
 def test_several_problems_are_all_reported_first_one_names_the_reason() -> None:
     bad = node("node2", unschedulable=True, ready="False", gpus="1", taints=[dict(TAINT)])
     p = pod(smap="1=node2:2")
-    reasons = [r.reason for r in checks.check_node(p, _entry(p), bad)]
+    reasons = [r.reason for r in rules.check_node(p, _entry(p), bad)]
     assert reasons == [
-        checks.NODE_UNSCHEDULABLE,
-        checks.NODE_NOT_READY,
-        checks.TAINT_NOT_TOLERATED,
-        checks.GPU_OUT_OF_RANGE,
+        rules.NODE_UNSCHEDULABLE,
+        rules.NODE_NOT_READY,
+        rules.TAINT_NOT_TOLERATED,
+        rules.GPU_OUT_OF_RANGE,
     ]
 
 
 def test_a_node_without_the_gpu_resource_is_refused_with_that_reason() -> None:
     p = pod(smap="1=cpu1:0")
-    [refusal] = checks.check_node(p, _entry(p), node("cpu1", gpus=None))
-    assert refusal.reason == checks.NO_GPU_RESOURCE
+    [refusal] = rules.check_node(p, _entry(p), node("cpu1", gpus=None))
+    assert refusal.reason == rules.NO_GPU_RESOURCE
     assert "node 'cpu1' reports no nvidia.com/gpu" in refusal.message
     assert "replica 1 is mapped to cpu1:0" in refusal.message
     # The device plugin registering the resource is a node change that lets it bind.
-    assert checks.node_signature(node("cpu1", gpus=None)) != checks.node_signature(node("cpu1", gpus="1"))
+    assert rules.node_signature(node("cpu1", gpus=None)) != rules.node_signature(node("cpu1", gpus="1"))
 
 
 # -- the webhook's variables ---------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_a_pod_carrying_the_variables_of_either_mode_is_injected(mode: str) -> N
 def test_a_pod_admitted_without_its_variables_is_refused_whatever_the_node() -> None:
     bare = pod(injected=None)
     decision = evaluate(bare, {}, Ledger())  # the node is missing too: NotInjected alone is said
-    assert [r.reason for r in decision.refusals] == [checks.NOT_INJECTED]
+    assert [r.reason for r in decision.refusals] == [rules.NOT_INJECTED]
     assert "replica 1 (node2:2)" in decision.message
     assert "CUDA_VISIBLE_DEVICES unset" in decision.message
     assert decision.entry is not None and decision.entry.node == "node2"
@@ -249,14 +249,14 @@ def test_a_pod_admitted_without_its_variables_is_refused_whatever_the_node() -> 
 def test_variables_set_by_the_tenant_that_differ_from_the_map_are_refused(env: list[dict[str, Any]]) -> None:
     p = pod(injected=None)
     p["spec"]["containers"][0]["env"] = env
-    assert evaluate(p, {"node2": node("node2")}, Ledger()).reason == checks.NOT_INJECTED
+    assert evaluate(p, {"node2": node("node2")}, Ledger()).reason == rules.NOT_INJECTED
 
 
 def test_every_container_must_carry_them() -> None:
     p = pod()
     p["spec"]["initContainers"] = [{"name": "setup", "env": []}]
     decision = evaluate(p, {"node2": node("node2")}, Ledger())
-    assert decision.reason == checks.NOT_INJECTED
+    assert decision.reason == rules.NOT_INJECTED
     assert "'setup'" in decision.message
 
 
@@ -269,7 +269,7 @@ def test_gpu_held_by_another_pod_names_the_holder() -> None:
     assert ledger.reserve(holder, Claim("node2", (2,))) == []
     decision = evaluate(pod(), {"node2": node("node2")}, ledger)
     assert not decision.ok
-    assert decision.reason == checks.GPU_IN_USE
+    assert decision.reason == rules.GPU_IN_USE
     assert decision.message == "GPU node2:2 is held by pod ns/other-0"
 
 
@@ -293,38 +293,38 @@ def test_refused_decision_still_names_the_node_waited_for() -> None:
     decision = evaluate(pod(), {}, Ledger())
     assert decision.entry is not None
     assert decision.entry.node == "node2"
-    assert decision.reason == checks.NODE_NOT_FOUND
+    assert decision.reason == rules.NODE_NOT_FOUND
 
 
 # -- the map ------------------------------------------------------------------------------
 
 
 def test_no_map() -> None:
-    decision = checks.resolve(pod(smap=None))
-    assert decision.reason == checks.NO_MAP
+    decision = rules.resolve(pod(smap=None))
+    assert decision.reason == rules.NO_MAP
 
 
 def test_invalid_map_quotes_the_parser() -> None:
-    decision = checks.resolve(pod(smap="1=node2:x"))
-    assert decision.reason == checks.INVALID_MAP
+    decision = rules.resolve(pod(smap="1=node2:x"))
+    assert decision.reason == rules.INVALID_MAP
     assert "line 1" in decision.message
     assert "'x'" in decision.message
 
 
 def test_no_ordinal() -> None:
-    decision = checks.resolve(pod(name="solo"))
-    assert decision.reason == checks.NO_ORDINAL
+    decision = rules.resolve(pod(name="solo"))
+    assert decision.reason == rules.NO_ORDINAL
     assert "'solo'" in decision.message
 
 
 def test_ordinal_not_in_map() -> None:
-    decision = checks.resolve(pod(name="w-7"))
-    assert decision.reason == checks.ORDINAL_NOT_MAPPED
+    decision = rules.resolve(pod(name="w-7"))
+    assert decision.reason == rules.ORDINAL_NOT_MAPPED
     assert "replica 7" in decision.message
 
 
 def test_pod_index_label_wins_over_the_name() -> None:
-    decision = checks.resolve(pod(name="w-1", labels={"apps.kubernetes.io/pod-index": "0"}))
+    decision = rules.resolve(pod(name="w-1", labels={"apps.kubernetes.io/pod-index": "0"}))
     assert decision.entry is not None
     assert decision.entry.node == "node1"
 
@@ -337,7 +337,7 @@ def test_node_signature_changes_only_with_what_the_checks_read() -> None:
     same = node("node2")
     same["status"]["conditions"][0]["lastHeartbeatTime"] = "later"
     same["metadata"]["annotations"] = {"x": "y"}
-    assert checks.node_signature(base) == checks.node_signature(same)
+    assert rules.node_signature(base) == rules.node_signature(same)
     labelled = node("node2")
     labelled["metadata"]["labels"] = {"x": "y"}  # node affinity reads labels
     grown = node("node2")
@@ -350,7 +350,7 @@ def test_node_signature_changes_only_with_what_the_checks_read() -> None:
         node("node2", gpus="8"),
         node("node2", taints=[dict(TAINT)]),
     ):
-        assert checks.node_signature(base) != checks.node_signature(changed)
+        assert rules.node_signature(base) != rules.node_signature(changed)
     prefer = node("node2", taints=[{"key": "p", "effect": "PreferNoSchedule"}])
-    assert checks.node_signature(base) == checks.node_signature(prefer)
-    assert checks.node_signature(None) == ()
+    assert rules.node_signature(base) == rules.node_signature(prefer)
+    assert rules.node_signature(None) == ()
