@@ -35,11 +35,11 @@ from bench import arms
 from bench.arms import ARMS, WEBHOOK_LABEL, Run, create_namespace, delete_pods
 from bench.raw import ApiError, Raw, run_parallel
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
+from gpu_scheduling.kube.timefmt import micro_time
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.scheduler_host import http_url, run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
-from scheduler.kube import micro_time
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = "gpu-scheduler"
@@ -579,7 +579,7 @@ _THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
     # orjson is C: its time shows in the Python frame that calls it.
-    ("decode (gpu_scheduling/kubeclient.py", "json (de)serialisation"),
+    ("decode (gpu_scheduling/kube/jsonio.py", "json (de)serialisation"),
     ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/", "kubernetes client: other"),

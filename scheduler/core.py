@@ -28,7 +28,9 @@ from typing import Any
 from kubernetes import client
 
 from gpu_scheduling.fit import affinity_signature
-from gpu_scheduling.kubeclient import ApiError, api_error, error_message
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.errors import ApiError, api_error, error_message
+from gpu_scheduling.kube.informer import Informer, Obj
 from gpu_scheduling.objects import Node, Pod
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
 from gpu_scheduling.rules import (
@@ -49,8 +51,7 @@ from scheduler.metrics import API_ERROR, BOUND_ELSEWHERE, Metrics
 from scheduler.server import Probes
 from scheduler.settings import EXTENDER, Settings
 from scheduler.usage import ASSIGNED_SELECTOR, NodeUsage, compact, footprint
-from scheduler.watch import Informer, Obj
-from scheduler.workqueue import Backoff, WorkQueue
+from scheduler.workqueue import WorkQueue
 
 log = logging.getLogger("gpu_scheduler")
 

@@ -31,10 +31,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kubeclient import ApiError, api_error, error_message
+from gpu_scheduling.kube.errors import ApiError, api_error, error_message
+from gpu_scheduling.kube.jsonio import discard, send_json
+from gpu_scheduling.kube.timefmt import micro_time
 from gpu_scheduling.objects import Pod
 from scheduler.binding import MERGE_PATCH, TIMEOUT
-from scheduler.kube import discard, micro_time, send_json
 
 log = logging.getLogger("gpu_scheduler.events")
 

@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from types import FrameType
 
 from gpu_scheduling import logs
-from gpu_scheduling.kubeclient import load_client
+from gpu_scheduling.kube.client import load_client
+from gpu_scheduling.kube.tls import server_context
 from scheduler import settings as settings_mod
 from scheduler.core import Scheduler
-from scheduler.extender import Extender, ExtenderServer, tls_context
+from scheduler.extender import Extender, ExtenderServer
 from scheduler.server import HealthServer
 
 log = logging.getLogger("gpu_scheduler")
@@ -66,10 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     extender_server: ExtenderServer | None = None
     if settings.mode == settings_mod.EXTENDER:
         try:
-            ctx = tls_context(
+            ctx = server_context(
                 settings.extender_tls_cert_file,
                 settings.extender_tls_key_file,
                 settings.extender_client_ca_file,
+                require_client_cert=True,
             )
             extender = Extender(scheduler, api_client)
             extender_server = ExtenderServer(settings.extender_address, settings.extender_port, extender, ctx)
