@@ -139,6 +139,11 @@ class Informer:
         self._thread.start()
         return self._thread
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread :meth:`start` started to end (after its ``stop`` is set)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
