@@ -180,6 +180,10 @@ class Informer:
                 )
                 if api_error(err) is ApiError.GONE:
                     rv = None
+                elif rv is not None:
+                    # Resume after the last event applied, not from where this watch began:
+                    # a stream broken mid-way would otherwise deliver its events twice.
+                    rv = self.resource_version or rv
                 stop.wait(delay)
 
     def _relist(self) -> str:
