@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_scheduling.kube.backoff import Backoff
 from gpu_scheduling.kube.errors import api_status
 from gpu_scheduling.kube.informer import Informer, Obj
+from tests.support.kubeapi import status
 
 Line = bytes | BaseException
 
@@ -39,29 +40,10 @@ def bookmark(rv: str) -> bytes:
 
 
 def status_error(code: int, reason: str, message: str) -> bytes:
-    status = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    return event("ERROR", status)
+    return event("ERROR", status(code, reason, message))
 
 
-EXPIRED_BODY = json.dumps(
-    {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "too old resource version: 10 (25)",
-        "reason": "Expired",
-        "code": 410,
-    }
-)
+EXPIRED_BODY = json.dumps(status(410, "Expired", "too old resource version: 10 (25)"))
 
 
 class Response:

@@ -9,22 +9,11 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.kube.errors import ApiError, ApiStatus, api_error, api_status, error_message, event_status
+from tests.support.kubeapi import status
 
 
 def status_body(code: int, reason: str, message: str, **details: object) -> str:
-    """A Status as kube-apiserver writes it (metav1.Status)."""
-    body: dict[str, object] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        body["details"] = details
-    return json.dumps(body)
+    return json.dumps(status(code, reason, message, **details))
 
 
 def answer(code: int, http_reason: str, body: str | None) -> ApiException:
