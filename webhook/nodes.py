@@ -134,6 +134,10 @@ class NodeCache:
 
     def _listed(self, _resource: str) -> None:
         self.lists += 1
+        informer = self._informer
+        if informer is not None:
+            extra = {"nodes": len(informer), "resource_version": informer.resource_version}
+            log.info("node cache synced", extra=extra)
 
     def _run(self) -> None:
         try:

@@ -208,11 +208,11 @@ class Informer:
             elif _rv(prev) != _rv(obj):
                 self._handler.on_update(prev, obj)
         self.resource_version = rv
-        if self._on_relist:
-            self._on_relist(self.name)
         if not self.synced.is_set():
             log.info("cache synced", extra={"resource": self.name, "objects": len(fresh)})
         self.synced.set()
+        if self._on_relist:  # after synced: a hook may announce the cache as ready
+            self._on_relist(self.name)
         return rv
 
     def _watch(self, rv: str, stop: threading.Event) -> str:
