@@ -99,7 +99,7 @@ _THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
     # orjson is C: its time shows in the Python frame that calls it.
-    ("decode (gpu_scheduling/kubeclient.py", "json (de)serialisation"),
+    ("decode (gpu_scheduling/kube/jsonio.py", "json (de)serialisation"),
     ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/", "kubernetes client: other"),
@@ -115,14 +115,25 @@ _AREAS = (
 )
 
 
+# The project's own code, named by module: the scheduler's, and the kube layer it runs on.
+_OWN_CODE = ("gpu_scheduling/kube/", "scheduler/")
+
+
+def _own_module(frame: str) -> str | None:
+    for root in _OWN_CODE:
+        if root in frame:
+            module = frame.split(root, 1)[1].split(".py", 1)[0]
+            return f"{root}{module}.py (own code)"
+    return None
+
+
 def area_of(frames: list[str]) -> str:
-    """What the leaf frame belongs to; scheduler/ code names its module."""
+    """What the leaf frame belongs to; the project's own code names its module."""
     leaf = frames[-1]
     for needle, area in _AREAS:
         if needle in leaf:
-            return area
+            return (_own_module(leaf) or area) if needle == "gpu_scheduling/" else area
     for frame in reversed(frames):
-        if "scheduler/" in frame:
-            module = frame.split("scheduler/", 1)[1].split(".py", 1)[0]
-            return f"scheduler/{module}.py (own code)"
+        if own := _own_module(frame):
+            return own
     return "other"

@@ -11,6 +11,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from typing import Any
 
 import urllib3
 import yaml
+from kubernetes.client.exceptions import ApiException
+
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.errors import ApiError as KubeApiError
+from gpu_scheduling.kube.errors import api_error
+from gpu_scheduling.kube.informer import Informer
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 # Statuses worth a retry while the apiserver is busy (throttling, timeouts).
@@ -87,13 +94,74 @@ class Raw:
         self.pool.clear()
 
 
+class _RawList:
+    """A client-style list method (what :class:`Informer` calls) over :class:`Raw`'s pool.
+
+    Keeps the watch response it opened last, so that :meth:`PodWatch.stop` can wake the
+    thread blocked reading it, and counts the watches opened.
+    """
+
+    def __init__(self, raw: Raw, path: str) -> None:
+        self.raw = raw
+        self.path = path
+        self.watches = 0
+        self.resp: Any = None
+        self.opened = threading.Event()
+
+    def __call__(self, *, watch: bool = False, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        query = {"watch": "1" if watch else None}
+        for key, value in kwargs.items():
+            if key != "_preload_content" and value is not None:
+                query[_QUERY_NAMES.get(key, key)] = (
+                    str(value).lower() if isinstance(value, bool) else str(value)
+                )
+        url = (
+            self.raw.server + self.path + "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v})
+        )
+        timeout = urllib3.Timeout(connect=10, read=None if watch else 120)
+        resp = self.raw.pool.request(
+            "GET", url, headers=self.raw.headers, preload_content=False, timeout=timeout
+        )
+        if resp.status != 200:
+            body = resp.read().decode("utf-8", "replace")
+            resp.release_conn()
+            raise ApiException(status=resp.status, reason=resp.reason, body=body)
+        if watch:
+            self.watches += 1
+            self.resp = resp
+            self.opened.set()
+        return resp
+
+
+# The client's argument names, as query parameters.
+_QUERY_NAMES = {
+    "resource_version": "resourceVersion",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "timeout_seconds": "timeoutSeconds",
+    "_continue": "continue",
+    "field_selector": "fieldSelector",
+    "label_selector": "labelSelector",
+}
+
+
+def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """What the harness reads of a pod: its identity and the node it is bound to."""
+    meta = obj.get("metadata") or {}
+    keep = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    return {"metadata": keep, "spec": {"nodeName": (obj.get("spec") or {}).get("nodeName")}}
+
+
 @dataclass
 class PodWatch:
     """A watch on the pods of one namespace; records when each pod was first seen and first bound.
 
-    Times are ``time.monotonic()`` at the arrival of the event on this client, so the
-    create and bound ends of a latency are measured the same way (creationTimestamp has a
-    resolution of one second). ``on_added`` is called (in the watch thread) for every new pod.
+    An :class:`~gpu_scheduling.kube.informer.Informer` of the namespace's pods (list,
+    then watch; resumed from the last resourceVersion when the apiserver ends it: a
+    consumer it finds too slow on saturated cores is closed, "Forcing pods watcher close
+    due to unresponsiveness"; listed again on 410). Times are ``time.monotonic()`` at
+    the arrival of the event on this client, so the create and bound ends of a latency
+    are measured the same way (creationTimestamp has a resolution of one second).
+    ``on_added`` is called (in the watch thread) for every new pod.
     """
 
     raw: Raw
@@ -103,73 +171,55 @@ class PodWatch:
     bound: dict[str, float] = field(default_factory=dict)
     node: dict[str, str] = field(default_factory=dict)
     error: BaseException | None = None
-    resumed: int = 0  # times the apiserver ended the watch and it was resumed
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._resp: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"watch-{self.namespace}", daemon=True)
+        self._list = _RawList(self.raw, f"/api/v1/namespaces/{self.namespace}/pods")
+        self._informer = Informer(
+            f"pods-{self.namespace}",
+            self._list,
+            self,
+            watch_timeout=3600,
+            # Resume at once (a late resume would delay the events, and so the measured times).
+            backoff=Backoff(0.05, 2.0),
+            transform=_slim_pod,
+            on_error=self._failed,
+        )
 
-    def start(self) -> PodWatch:
-        # The apiserver answers the headers once the watch is registered: what follows is seen.
-        self._resp = self._open(None)
-        self._thread.start()
+    @property
+    def resumed(self) -> int:
+        """Times the watch ended (the apiserver closed it, or the connection broke) and was resumed."""
+        return max(0, self._list.watches - 1)
+
+    def start(self, timeout: float = 60.0) -> PodWatch:
+        """Start, and return once the watch is open: every pod created after this is seen."""
+        self._informer.start(self._stop)
+        if not self._list.opened.wait(timeout):
+            raise ApiError(f"watch pods in {self.namespace}: not open after {timeout:.0f} s ({self.error})")
         return self
 
-    def _open(self, resource_version: str | None) -> Any:
-        path = (
-            f"/api/v1/namespaces/{self.namespace}/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=3600"
-        )
-        if resource_version:
-            path += f"&resourceVersion={resource_version}"
-        resp = self.raw.pool.request(
-            "GET",
-            self.raw.server + path,
-            headers=self.raw.headers,
-            preload_content=False,
-            timeout=urllib3.Timeout(connect=10, read=None),
-        )
-        if resp.status != 200:
-            raise ApiError(f"watch pods in {self.namespace}: HTTP {resp.status}")
-        return resp
+    def _failed(self, err: BaseException) -> None:
+        """A refused list or watch (or an ERROR event) fails the run; a dropped connection is resumed."""
+        if isinstance(err, (ApiException, RuntimeError)) and api_error(err) is not KubeApiError.GONE:
+            with self._cond:
+                self.error = err
+                self._cond.notify_all()
 
-    def _run(self) -> None:
-        """Read the watch; when the apiserver ends it (a consumer it finds too slow on saturated
-        cores is closed: "Forcing pods watcher close due to unresponsiveness"), resume from the
-        last resourceVersion seen, so no event is missed."""
-        rv: str | None = None
-        try:
-            while not self._stop.is_set():
-                try:
-                    for line in self._resp:
-                        if self._stop.is_set():
-                            return
-                        if not line.strip():
-                            continue
-                        rv = self._apply(json.loads(line), time.monotonic()) or rv
-                except (urllib3.exceptions.ProtocolError, OSError):
-                    pass  # the connection went away mid-stream: resume as below
-                if self._stop.is_set():
-                    return
-                self.resumed += 1
-                self._resp.release_conn()
-                self._resp = self._open(rv)
-        except BaseException as exc:
-            if not self._stop.is_set():
-                self.error = exc
-                with self._cond:
-                    self._cond.notify_all()
+    # -- the informer's handler (its thread) ------------------------------------------------
 
-    def _apply(self, event: dict[str, Any], now: float) -> str | None:
-        if event.get("type") == "ERROR":
-            raise ApiError(f"watch error: {event.get('object')}")
-        obj = event.get("object") or {}
-        meta = obj.get("metadata") or {}
-        if event.get("type") == "BOOKMARK":
-            return meta.get("resourceVersion")
-        name = meta.get("name", "")
-        node = (obj.get("spec") or {}).get("nodeName")
+    def on_add(self, obj: dict[str, Any]) -> None:
+        self._record(obj, time.monotonic())
+
+    def on_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        self._record(new, time.monotonic())
+
+    def on_delete(self, obj: dict[str, Any]) -> None:
+        pass
+
+    def _record(self, obj: dict[str, Any], now: float) -> None:
+        name = obj["metadata"].get("name", "")
+        node = obj["spec"].get("nodeName")
         fresh = False
         with self._cond:
             if name not in self.seen:
@@ -181,7 +231,8 @@ class PodWatch:
             self._cond.notify_all()
         if fresh and self.on_added is not None:
             self.on_added(name, obj)
-        return meta.get("resourceVersion")
+
+    # -- waiting -------------------------------------------------------------------------------
 
     def wait_bound(self, count: int, timeout: float) -> bool:
         return self._wait(lambda: len(self.bound) >= count, timeout)
@@ -203,17 +254,16 @@ class PodWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._resp is not None:
+        resp = self._list.resp
+        if resp is not None:
             # Shut the socket down first: that wakes the watch thread blocked in a read (closing
-            # the response from this thread would wait for that read). Then close the
-            # connection and give its (closed) slot back to the pool.
+            # the response from this thread would wait for that read). The informer then closes
+            # the response and gives its (closed) slot back to the pool.
             # The watch may have ended and closed its socket already (its stream timed out or the
             # server closed it): then there is nothing to wake.
             with contextlib.suppress(OSError, ValueError):
-                self._resp.shutdown()
-            self._thread.join(timeout=10)
-            self._resp.close()
-            self._resp.release_conn()
+                resp.shutdown()
+            self._informer.join(timeout=10)
 
 
 def run_parallel(threads: int, fn: Callable[[Any], Any], items: Iterable[Any]) -> tuple[float, float]:

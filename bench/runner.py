@@ -38,12 +38,12 @@ from bench.measure import cpu_seconds, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
+from gpu_scheduling.kube.timefmt import micro_time
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
-from scheduler.kube import micro_time
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEDULER = "gpu-scheduler"

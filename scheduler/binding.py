@@ -24,10 +24,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kubeclient import ApiError, api_error, read_json
+from gpu_scheduling.kube.errors import ApiError, api_error
+from gpu_scheduling.kube.jsonio import discard, read_json, send_json
+from gpu_scheduling.kube.timefmt import rfc3339
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import POD_UNSCHEDULABLE
-from scheduler.kube import discard, rfc3339, send_json
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.informer import Obj
 from gpu_scheduling.objects import Node, Pod
 from gpu_scheduling.rules import NOT_INJECTED, Decision, evaluate, node_signature
 from scheduler.binding import PodWriter
@@ -44,8 +46,7 @@ from scheduler.server import Probes
 from scheduler.settings import EXTENDER, Settings
 from scheduler.usage import NodeUsage, footprint
 from scheduler.waiting import WaitingIndex
-from scheduler.watch import Obj
-from scheduler.workqueue import Backoff, WorkQueue
+from scheduler.workqueue import WorkQueue
 
 log = logging.getLogger("gpu_scheduler")
 
@@ -54,7 +55,7 @@ BURST_GAP_S = 1.0
 
 
 class Cache(Protocol):
-    """What the scheduler reads of an informer (``scheduler.watch.Informer``)."""
+    """What the scheduler reads of an informer (``gpu_scheduling.kube.informer.Informer``)."""
 
     synced: threading.Event
 

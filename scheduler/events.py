@@ -31,10 +31,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kubeclient import ApiError, api_error, error_message
+from gpu_scheduling.kube.errors import ApiError, api_error, api_status, error_message
+from gpu_scheduling.kube.jsonio import discard, send_json
+from gpu_scheduling.kube.timefmt import micro_time
 from gpu_scheduling.objects import Pod
 from scheduler.binding import MERGE_PATCH, TIMEOUT
-from scheduler.kube import discard, micro_time, send_json
 
 log = logging.getLogger("gpu_scheduler.events")
 
@@ -250,7 +251,9 @@ class EventRecorder:
                 TIMEOUT,
             )
         except ApiException as err:
-            if api_error(err) is not ApiError.CONFLICT:  # the same name already written: nothing to add
+            # 409 AlreadyExists: the same name already written, nothing to add. A 409 with
+            # another reason (or any other answer) is a failure.
+            if not api_status(err).already_exists:
                 raise
 
     # -- building ---------------------------------------------------------------------------

@@ -41,7 +41,8 @@ from typing import Any, Protocol
 from kubernetes import client
 from prometheus_client import Counter, Histogram
 
-from gpu_scheduling.kubeclient import error_message, read_json
+from gpu_scheduling.kube.errors import error_message
+from gpu_scheduling.kube.jsonio import read_json
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import (
     API_ERROR,
@@ -322,19 +323,6 @@ class Extender:
 
 
 # -- serving ------------------------------------------------------------------------------
-
-
-def tls_context(cert_file: str, key_file: str, client_ca_file: str = "") -> ssl.SSLContext:
-    """TLS 1.2 or later; with ``client_ca_file`` a client certificate it signed is required."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_RENEGOTIATION
-    ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
-    ctx.load_cert_chain(cert_file, key_file)
-    if client_ca_file:
-        ctx.load_verify_locations(cafile=client_ca_file)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
 
 
 class _Server(ThreadingHTTPServer):

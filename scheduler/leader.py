@@ -35,10 +35,11 @@ from typing import Any, Protocol
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kubeclient import ApiError, api_error, error_message, read_json
+from gpu_scheduling.kube.errors import ApiError, api_error, error_message
+from gpu_scheduling.kube.jsonio import discard, read_json
+from gpu_scheduling.kube.timefmt import micro_datetime, parse_time
 from gpu_scheduling.objects import Meta
 from gpu_scheduling.rules import ABSURD_LEASE_DURATION
-from scheduler.kube import discard, micro_datetime, parse_time
 
 log = logging.getLogger("gpu_scheduler.leader")
 

@@ -18,18 +18,19 @@ from typing import Any
 from kubernetes import client
 
 from gpu_scheduling import logs
-from gpu_scheduling.kubeclient import load_client
+from gpu_scheduling.kube.client import load_client
+from gpu_scheduling.kube.informer import Informer
+from gpu_scheduling.kube.tls import server_context
 from scheduler import settings as settings_mod
 from scheduler.binding import PodWriter
 from scheduler.core import Scheduler
 from scheduler.events import EventRecorder
-from scheduler.extender import Extender, ExtenderServer, tls_context
+from scheduler.extender import Extender, ExtenderServer
 from scheduler.leader import LeaderElector
 from scheduler.metrics import Metrics
 from scheduler.pods import share_map_text
 from scheduler.server import HealthServer
 from scheduler.usage import ASSIGNED_SELECTOR, compact
-from scheduler.watch import Informer
 
 log = logging.getLogger("gpu_scheduler")
 
@@ -132,10 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     extender_server: ExtenderServer | None = None
     if settings.mode == settings_mod.EXTENDER:
         try:
-            ctx = tls_context(
+            ctx = server_context(
                 settings.extender_tls_cert_file,
                 settings.extender_tls_key_file,
                 settings.extender_client_ca_file,
+                require_client_cert=True,
             )
             extender = Extender(scheduler, api_client)
             extender_server = ExtenderServer(settings.extender_address, settings.extender_port, extender, ctx)

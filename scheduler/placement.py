@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduling.kubeclient import ApiError, api_error
+from gpu_scheduling.kube.errors import ApiError, api_error
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import Decision, gpus_in_use, room_refusals
 from scheduler.binding import BindOutcome, PodWriter

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpu_scheduling.kubeclient import error_message
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.errors import error_message
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import NOT_INJECTED, Decision
 from scheduler.binding import PodWriter
@@ -22,7 +23,6 @@ from scheduler.events import EventRecorder
 from scheduler.ledger import pod_key
 from scheduler.metrics import Metrics
 from scheduler.pods import controller_of, recreate_slot
-from scheduler.workqueue import Backoff
 
 log = logging.getLogger("gpu_scheduler")
 

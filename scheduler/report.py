@@ -13,7 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_scheduling.kubeclient import error_message
+from gpu_scheduling.kube.errors import error_message
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import API_ERROR, BOUND_ELSEWHERE, FAILED_SCHEDULING, SCHEDULED, Decision
 from gpu_scheduling.schedmap import Entry

@@ -199,7 +199,7 @@ TABLE: tuple[Setting, ...] = (
         "kubeconfig",
         "KUBECONFIG",
         config.text,
-        "kubeconfig file (`gpu_scheduling.kubeclient.load_client`)",
+        "kubeconfig file (`gpu_scheduling.kube.client.load_client`)",
         "--kubeconfig",
         "in-cluster config",
     ),

@@ -32,6 +32,7 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from gpu_scheduling.kube import tls
 from webhook import serving_stats
 from webhook.mutate import admit_pod
 from webhook.nodes import NodeCache, NodeLookup
@@ -85,7 +86,7 @@ def _read_body(limit: int) -> bytes:
 def certs_loaded(settings: Settings) -> tuple[bool, str]:
     """Whether the serving certificate and key load (the same files gunicorn serves with)."""
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        tls.server_context(settings.tls_cert_file, settings.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
         return False, f"cannot load {settings.tls_cert_file} / {settings.tls_key_file}: {exc}"
     return True, "certificate and key loaded"

@@ -1,40 +1,31 @@
 """Node look-ups for ``/validate``'s warnings, answered from a watch cache of the nodes.
 
-:class:`NodeCache` lists the nodes once, then watches them from the list's
-resourceVersion (relisting on ``410 Gone``, retrying with a capped backoff), in
-a daemon thread of the worker process. It keeps only what the warnings need: a
-node's name and its GPU count (:func:`gpu_scheduling.resources.node_gpus`, as the scheduler reads it). A look-up reads memory and never
-waits on the API: until the first list has arrived, or when the webhook has no
-API access, :class:`NodeLookupUnavailable` is raised and the caller skips the
-node warnings. Nothing here may make an admission fail.
+:class:`NodeCache` runs an :class:`~gpu_scheduling.kube.informer.Informer` of the
+nodes (list, then watch from the list's resourceVersion, relisting on ``410 Gone``,
+retrying with a capped, jittered backoff) in a daemon thread of the worker process.
+Its transform keeps only what the warnings need: a node's name and its GPU count
+(:func:`gpu_scheduling.resources.node_gpus`, as the scheduler reads it). A look-up
+reads memory and never waits on the API: until the first list has arrived, or when
+the webhook has no API access, :class:`NodeLookupUnavailable` is raised and the
+caller skips the node warnings. Nothing here may make an admission fail.
 
 RBAC: ``list`` and ``watch`` on nodes (no ``get``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
-from gpu_scheduling.kubeclient import (
-    ApiError,
-    KubeConfigError,
-    api_error,
-    list_all,
-    load_client,
-    short_error,
-    status_kind,
-)
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.client import KubeConfigError, load_client
+from gpu_scheduling.kube.errors import short_error
+from gpu_scheduling.kube.informer import Informer, Obj
 from gpu_scheduling.objects import Node
 from gpu_scheduling.resources import node_gpus
 
@@ -45,9 +36,12 @@ LIST_TIMEOUT = (5.0, 30.0)
 LIST_PAGE = 500
 # The apiserver ends a watch after about this long (randomised so workers do not reconnect together).
 WATCH_TIMEOUT_S = 300
-# Retry delays after a failure: doubling from the first to the cap.
+# Retry delays after a failure: doubling from the first to the cap, each spread by this fraction.
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
+JITTER = 0.2
+# The key of the node's GPU count in the cached (transformed) object.
+GPUS = "gpus"
 
 
 @dataclass(frozen=True)
@@ -65,10 +59,6 @@ class NodeLookup(Protocol):
     def get(self, name: str) -> NodeInfo | None:
         """The node, ``None`` when it does not exist; raises NodeLookupUnavailable. Must not block."""
         ...
-
-
-class _Relist(Exception):
-    """The watch cannot resume (410 Gone): list again."""
 
 
 class NodeCache:
@@ -89,8 +79,7 @@ class NodeCache:
         self._watch_timeout_s = watch_timeout_s
         self._backoff_max_s = backoff_max_s
         self._lock = threading.Lock()
-        self._nodes: dict[str, int | None] = {}
-        self._synced = False
+        self._informer: Informer | None = None
         self._why = "the node cache has not listed the nodes yet"
         self._pid: int | None = None
         self._stop = threading.Event()
@@ -106,7 +95,7 @@ class NodeCache:
                 return
             # A fork copied the parent's memory but not its thread: start afresh.
             self._pid = os.getpid()
-            self._nodes, self._synced = {}, False
+            self._informer = None
             self._why = "the node cache has not listed the nodes yet"
             threading.Thread(target=self._run, name="webhook-node-cache", daemon=True).start()
 
@@ -116,16 +105,19 @@ class NodeCache:
 
     @property
     def synced(self) -> bool:
-        return self._synced
+        informer = self._informer
+        return informer is not None and informer.synced.is_set()
 
     def get(self, name: str) -> NodeInfo | None:
         self.start()
-        with self._lock:
-            if not self._synced:
+        informer = self._informer
+        if informer is None or not informer.synced.is_set():
+            with self._lock:
                 raise NodeLookupUnavailable(self._why)
-            if name not in self._nodes:
-                return None
-            return NodeInfo(name, self._nodes[name])
+        node = informer.get(name)
+        if node is None:
+            return None
+        return NodeInfo(name, node[GPUS])
 
     # ------------------------------------------------------------------ the thread
     def _connect(self) -> Any:
@@ -137,8 +129,15 @@ class NodeCache:
 
     def _unavailable(self, why: str) -> None:
         with self._lock:
-            if not self._synced:
+            if not self.synced:
                 self._why = why
+
+    def _listed(self, _resource: str) -> None:
+        self.lists += 1
+        informer = self._informer
+        if informer is not None:
+            extra = {"nodes": len(informer), "resource_version": informer.resource_version}
+            log.info("node cache synced", extra=extra)
 
     def _run(self) -> None:
         try:
@@ -148,84 +147,48 @@ class NodeCache:
             self._unavailable(f"no Kubernetes API access ({why})")
             log.info("node checks disabled: no Kubernetes API access (%s)", why)
             return
-        backoff = BACKOFF_FIRST_S
-        version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    version = self._list(api)
-                    backoff = BACKOFF_FIRST_S
-                version = self._watch(api, version)
-                backoff = BACKOFF_FIRST_S  # the watch ran to its timeout: resume at once
-            except _Relist:
-                log.info("node watch expired (410 Gone): listing the nodes again")
-                version = None
-            except Exception as exc:  # API down, refused (RBAC), TLS, a malformed answer: retry later
-                why = short_error(exc)
-                self._unavailable(f"cannot list nodes: {why}")
-                log.warning("node cache: %s; retrying in %.1f s", why, backoff)
-                self._stop.wait(backoff * random.uniform(0.8, 1.2))
-                backoff = min(backoff * 2, self._backoff_max_s)
+        informer = Informer(
+            "nodes",
+            api.list_node,
+            _IGNORE,
+            page_size=LIST_PAGE,
+            watch_timeout=self._watch_timeout_s,
+            backoff=Backoff(BACKOFF_FIRST_S, self._backoff_max_s),
+            on_relist=self._listed,
+            transform=_slim,
+            # API down, refused (RBAC), TLS, a malformed answer: unavailable until a list succeeds
+            on_error=lambda exc: self._unavailable(f"cannot list nodes: {short_error(exc)}"),
+            jitter=JITTER,
+            list_timeout=LIST_TIMEOUT,
+        )
+        self._informer = informer
+        informer.run(self._stop)
 
-    def _list(self, api: Any) -> str:
-        """List every node (in pages); replace the cache; the resourceVersion to watch from."""
-        items, version = list_all(api.list_node, page_size=LIST_PAGE, request_timeout=LIST_TIMEOUT)
-        nodes = dict(_entry(item) for item in items)
-        with self._lock:
-            self._nodes, self._synced = nodes, True
-            self.lists += 1
-        log.info("node cache synced", extra={"nodes": len(nodes), "resource_version": version})
-        return version
 
-    def _watch(self, api: Any, version: str) -> str:
-        """Apply watch events from ``version`` until the server ends the watch; the version reached."""
-        timeout = int(self._watch_timeout_s * random.uniform(1.0, 1.2))
-        try:
-            resp = api.list_node(
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                _preload_content=False,
-                _request_timeout=(LIST_TIMEOUT[0], timeout + 30),
-            )
-        except ApiException as exc:
-            if api_error(exc) is ApiError.GONE:
-                raise _Relist() from exc
-            raise
-        try:
-            for line in _lines(resp):
-                if self._stop.is_set():
-                    break
-                event = json.loads(line)
-                kind = event.get("type")
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    if status_kind(obj.get("code")) is ApiError.GONE:
-                        raise _Relist()
-                    raise RuntimeError(f"watch error {obj.get('code')}: {str(obj.get('message'))[:200]}")
-                node = Node(obj)
-                version = node.resource_version or version
-                name = node.name
-                if kind == "BOOKMARK" or name is None:
-                    continue
-                with self._lock:
-                    if kind == "DELETED":
-                        self._nodes.pop(name, None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self._nodes[name] = node_gpus(node.status)
-        finally:
-            resp.close()
-            resp.release_conn()
-        return version
+class _Ignore:
+    """The cache is all the webhook reads: no handler work."""
+
+    def on_add(self, obj: Obj) -> None:
+        pass
+
+    def on_update(self, old: Obj, new: Obj) -> None:
+        pass
+
+    def on_delete(self, obj: Obj) -> None:
+        pass
+
+
+_IGNORE = _Ignore()
+
+
+def _slim(obj: Obj) -> Obj:
+    """What the cache keeps of a node: its identity and its GPU count."""
+    node = Node(obj)
+    name, gpus = _entry(obj)
+    meta = {"name": name, "uid": node.uid, "resourceVersion": node.resource_version}
+    return {"metadata": {k: v for k, v in meta.items() if v}, GPUS: gpus}
 
 
 def _entry(obj: dict[str, Any]) -> tuple[str, int | None]:
     node = Node(obj)
     return str(node.name), node_gpus(node.status)
-
-
-def _lines(resp: Any) -> Iterable[str]:
-    for line in iter_resp_lines(resp):
-        if line:
-            yield line if isinstance(line, str) else line.decode("utf-8")

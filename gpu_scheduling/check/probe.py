@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log, log_result
+from gpu_scheduling.kube.tls import client_context
 
 
 def cmd_http_get(args: argparse.Namespace) -> int:
@@ -19,7 +20,7 @@ def cmd_http_get(args: argparse.Namespace) -> int:
         log.error("only http:// and https:// URLs", extra={"url": url})
         return EXIT_USAGE
     try:
-        context = ssl.create_default_context(cafile=args.cafile) if url.startswith("https://") else None
+        context = client_context(args.cafile) if url.startswith("https://") else None
     except (OSError, ssl.SSLError) as err:
         # In a pod: the CA's Secret or ConfigMap is not mounted where the chart says.
         log.error(

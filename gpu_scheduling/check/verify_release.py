@@ -14,7 +14,8 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_scheduling.check.podcheck import env_results
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log, log_result, passed
-from gpu_scheduling.kubeclient import KubeConfigError, api_error, load_client
+from gpu_scheduling.kube.client import KubeConfigError, load_client
+from gpu_scheduling.kube.errors import api_error
 from gpu_scheduling.objects import Meta, Pod
 from gpu_scheduling.podinfo import ordinal_of
 from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse

@@ -39,14 +39,9 @@ from typing import Any
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, log
 from gpu_scheduling.check.verify_release import TERMINATION_MESSAGE_LIMIT, _write_termination_message
 from gpu_scheduling.injection import InjectionMode, desired_env, plain_env, pod_containers
-from gpu_scheduling.kubeclient import (
-    ApiError,
-    KubeConfigError,
-    api_error,
-    error_message,
-    load_client,
-    read_json,
-)
+from gpu_scheduling.kube.client import KubeConfigError, load_client
+from gpu_scheduling.kube.errors import ApiError, api_error, error_message
+from gpu_scheduling.kube.jsonio import read_json
 from gpu_scheduling.podinfo import POD_INDEX_LABEL
 from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, parse
 

@@ -96,7 +96,7 @@ def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Clust
         raw.post(f"/api/v1/namespaces/{ns}/pods", pod("before"))
         assert watch.wait_seen(1, 30)
         # The server side of the stream goes away, as when the apiserver drops the watcher.
-        watch._resp.shutdown()
+        watch._list.resp.shutdown()
         raw.post(f"/api/v1/namespaces/{ns}/pods", pod("after"))
         raw.post(f"/api/v1/namespaces/{ns}/pods/after/binding", binding("after", "node1"))
         assert watch.wait_bound(1, 30), (watch.seen, watch.bound, watch.error)

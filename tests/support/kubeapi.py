@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpu_scheduling.kubeclient import ApiError, api_error
+from gpu_scheduling.kube.errors import ApiError, api_error
 
 
 def read_pod(kube: Any, namespace: str, name: str) -> dict[str, Any] | None:
@@ -36,3 +36,19 @@ def failed_scheduling(kube: Any, namespace: str, pod: str, *words: str) -> dict[
         if all(w in (ev.get("message") or "") for w in words):
             return ev
     return None
+
+
+def status(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
+    """A metav1.Status as kube-apiserver writes it: an error's body, a watch ERROR event's object."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from scheduler import events as events_module
 from scheduler.events import NOTE_LIMIT, EventRecorder, truncate
 
 
@@ -170,3 +175,31 @@ def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any)
     # A pod found already bound (a restart, a relist) is not a burst.
     sched._bound(pod("u2", "w-1"), Decision(1, Entry(1, "node1", (1,))), first_seen=None, already=True)
     assert not sched.placing()
+
+
+def test_a_create_answered_already_exists_is_done_and_another_409_is_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rec = EventRecorder(
+        events_api=SimpleNamespace(api_client=None),  # type: ignore[arg-type]
+        controller="gpu-scheduler",
+        instance="i",
+        refresh=300,
+        clock=Clock(),
+    )
+    assert rec.warning(pod(), "FailedScheduling", "NodeNotFound: node 'x' does not exist")
+    [created] = drain(rec)
+
+    def refuse(reason: str) -> Any:
+        def send_json(*_args: Any, **_kwargs: Any) -> None:
+            err = ApiException(status=409, reason="Conflict")
+            err.body = json.dumps({"kind": "Status", "status": "Failure", "reason": reason, "code": 409})
+            raise err
+
+        return send_json
+
+    monkeypatch.setattr(events_module, "send_json", refuse("AlreadyExists"))
+    rec._send(created)  # the same name already written: nothing to add
+    monkeypatch.setattr(events_module, "send_json", refuse("Conflict"))
+    with pytest.raises(ApiException):
+        rec._send(created)

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gpu_scheduling.kube.tls import server_context
 from localcluster.cluster import gpu_node_manifest
 from localcluster.pki import LocalPKI
 from scheduler import settings as settings_mod
 from scheduler.core import Scheduler
-from scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer, tls_context
+from scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from scheduler.main import build
 from scheduler.settings import Settings, SettingsError
 
@@ -171,7 +172,9 @@ def pki(tmp_path: Path) -> LocalPKI:
 @pytest.fixture
 def served(extender: Extender, pki: LocalPKI) -> Iterator[tuple[int, ssl.SSLContext]]:
     crt, key = pki.issue("ext", "ext", ips=("127.0.0.1",), server=True)
-    server = ExtenderServer("127.0.0.1", 0, extender, tls_context(str(crt), str(key)))
+    server = ExtenderServer(
+        "127.0.0.1", 0, extender, server_context(str(crt), str(key), require_client_cert=True)
+    )
     server.start()
     client_ctx = ssl.create_default_context(cafile=str(pki.ca_file))
     try:
@@ -192,9 +195,11 @@ def post(
         conn.close()
 
 
-def test_tls_context_refuses_anything_below_tls_1_2(pki: LocalPKI) -> None:
+def test_server_context_refuses_anything_below_tls_1_2(pki: LocalPKI) -> None:
     crt, key = pki.issue("ext2", "ext2", server=True)
-    assert tls_context(str(crt), str(key)).minimum_version == ssl.TLSVersion.TLSv1_2
+    assert (
+        server_context(str(crt), str(key), require_client_cert=True).minimum_version == ssl.TLSVersion.TLSv1_2
+    )
 
 
 def test_filter_over_https(served: tuple[int, ssl.SSLContext]) -> None:
@@ -235,7 +240,7 @@ def test_with_a_client_ca_only_its_clients_are_served(
     crt, key = pki.issue("ext3", "ext3", ips=("127.0.0.1",), server=True)
     clients = LocalPKI(tmp_path / "clients")
     client_crt, client_key = clients.issue("kube-scheduler", "kube-scheduler")
-    ctx = tls_context(str(crt), str(key), str(clients.ca_file))
+    ctx = server_context(str(crt), str(key), str(clients.ca_file), require_client_cert=True)
     server = ExtenderServer("127.0.0.1", 0, extender, ctx)
     server.start()
     try:

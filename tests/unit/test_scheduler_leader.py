@@ -9,7 +9,7 @@ import re
 import pytest
 from kubernetes import client
 
-from scheduler.kube import micro_datetime, micro_time, parse_time, rfc3339
+from gpu_scheduling.kube.timefmt import micro_datetime, micro_time, parse_time, rfc3339
 from scheduler.leader import (
     ABSURD_FACTOR,
     RENEWAL_GRACE,

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from scheduler.workqueue import Backoff, WorkQueue
+from gpu_scheduling.kube.backoff import Backoff
+from scheduler.workqueue import WorkQueue
 
 
 class Clock:

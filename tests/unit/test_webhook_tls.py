@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from gpu_scheduling.kube.tls import TLS12_CIPHERS, ssl_context
 from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook, webhook_command
-from webhook.serve import TLS12_CIPHERS, ssl_context
 
 HOST = "127.0.0.1"
 

@@ -1,15 +1,22 @@
-"""List-then-watch caches of API objects, kept as plain dicts.
+"""List-then-watch caches of API objects, kept as plain dicts: the one informer.
 
 One :class:`Informer` per resource: it lists (in pages), then watches from the
 list's resourceVersion, resumes from the last resourceVersion it saw when the
 stream ends or breaks, lists again on ``410 Gone``, and backs off (capped) on
 errors. Handlers run on the informer's thread and must only record and
 enqueue; every per-pod decision answers from these caches, never from a LIST.
+
+``transform`` (client-go's SetTransform) decides what is kept of each object
+before it is cached and handed to the handlers: the scheduler drops
+``managedFields``, the webhook keeps a node's name and GPU count. What it
+returns must keep ``metadata`` (name, namespace, uid, resourceVersion): the cache
+is keyed and compared by them.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -17,9 +24,9 @@ from typing import Any, Protocol
 
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpu_scheduling.kubeclient import ApiError, api_error, decode, list_all, short_error, status_kind
-from gpu_scheduling.objects import Meta
-from scheduler.workqueue import Backoff
+from gpu_scheduling.kube.backoff import Backoff
+from gpu_scheduling.kube.errors import ApiError, ApiStatus, api_error, event_status, short_error
+from gpu_scheduling.kube.jsonio import decode, list_all
 
 log = logging.getLogger("gpu_scheduler.watch")
 
@@ -33,12 +40,24 @@ class Handler(Protocol):
 
 
 class Gone(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
+    """The watch's resourceVersion is too old (410, reason ``Expired`` or ``Gone``): list again."""
+
+    def __init__(self, status: ApiStatus) -> None:
+        super().__init__(str(status))
+        self.status = status
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
     """``namespace/name``, or ``name`` for a cluster-scoped object: the cache's key."""
-    return Meta(obj).key
+    meta = _meta(obj)
+    ns, name = meta.get("namespace"), meta.get("name")
+    name = name if isinstance(name, str) else None
+    return f"{ns}/{name}" if isinstance(ns, str) and ns else str(name)
 
 
 def _slim(obj: Obj) -> Obj:
@@ -65,7 +84,14 @@ class Informer:
         backoff: Backoff | None = None,
         on_relist: Callable[[str], None] | None = None,
         transform: Callable[[Obj], Obj] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+        jitter: float = 0.0,
+        list_timeout: tuple[float, float] = (10, 60),
     ) -> None:
+        """``on_relist(name)`` after each full list, ``on_error(err)`` after each failed
+        list or watch (metrics, a reason to report); ``jitter`` spreads the watch timeout
+        (up to that fraction longer) and each retry delay (that fraction either way), so
+        that many processes do not reconnect together."""
         self.name = name
         self._list_fn = list_fn
         self._handler = handler
@@ -76,6 +102,9 @@ class Informer:
         self._watch_timeout = watch_timeout
         self._backoff = backoff or Backoff(0.5, 30.0)
         self._on_relist = on_relist
+        self._on_error = on_error
+        self._jitter = jitter
+        self._list_timeout = list_timeout
         # What is kept of each object (client-go's SetTransform): by default all but managedFields.
         self._transform = transform or _slim
         self._lock = threading.Lock()
@@ -110,6 +139,11 @@ class Informer:
         self._thread.start()
         return self._thread
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the thread :meth:`start` started to end (after its ``stop`` is set)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -122,11 +156,18 @@ class Informer:
                     self._backoff.forget(self.name)
                 rv = self._watch(rv, stop)
                 self._backoff.forget(self.name)
-            except Gone:
-                log.info("watch expired (410 Gone), listing again", extra={"resource": self.name})
+            except Gone as gone:
+                log.info(
+                    "watch expired (410 Gone), listing again",
+                    extra={"resource": self.name, "reason": gone.status.reason},
+                )
                 rv = None
             except Exception as err:
                 delay = self._backoff.next(self.name)
+                if self._jitter:
+                    delay *= random.uniform(1 - self._jitter, 1 + self._jitter)
+                if self._on_error:
+                    self._on_error(err)
                 status = getattr(err, "status", None)
                 log.warning(
                     "watch failed, retrying",
@@ -139,11 +180,15 @@ class Informer:
                 )
                 if api_error(err) is ApiError.GONE:
                     rv = None
+                elif rv is not None:
+                    # Resume after the last event applied, not from where this watch began:
+                    # a stream broken mid-way would otherwise deliver its events twice.
+                    rv = self.resource_version or rv
                 stop.wait(delay)
 
     def _relist(self) -> str:
         found, rv = list_all(
-            self._list_fn, page_size=self._page_size, request_timeout=(10, 60), **self._selectors
+            self._list_fn, page_size=self._page_size, request_timeout=self._list_timeout, **self._selectors
         )
         items = [self._transform(i) for i in found]
         self.last_contact = time.monotonic()
@@ -163,23 +208,27 @@ class Informer:
             elif _rv(prev) != _rv(obj):
                 self._handler.on_update(prev, obj)
         self.resource_version = rv
-        if self._on_relist:
-            self._on_relist(self.name)
         if not self.synced.is_set():
             log.info("cache synced", extra={"resource": self.name, "objects": len(fresh)})
         self.synced.set()
+        if self._on_relist:  # after synced: a hook may announce the cache as ready
+            self._on_relist(self.name)
         return rv
 
     def _watch(self, rv: str, stop: threading.Event) -> str:
+        timeout = self._watch_timeout
+        if self._jitter:
+            timeout = int(timeout * random.uniform(1.0, 1 + self._jitter))
         resp = self._list_fn(
             watch=True,
             resource_version=rv,
             allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout,
+            timeout_seconds=timeout,
             _preload_content=False,
-            _request_timeout=(10, self._watch_timeout + 30),
+            _request_timeout=(self._list_timeout[0], timeout + 30),
             **self._selectors,
         )
+        ended = False
         try:
             for event in _events(resp):
                 if stop.is_set():
@@ -187,7 +236,11 @@ class Informer:
                 self.last_contact = time.monotonic()
                 rv = self._apply(event) or rv
                 self.resource_version = rv
+            else:
+                ended = True
         finally:
+            if not ended:  # left mid-stream: the connection still holds unread bytes
+                resp.close()
             resp.release_conn()
         return rv
 
@@ -195,10 +248,11 @@ class Informer:
         kind = event.get("type")
         obj = event.get("object") or {}
         if kind == "ERROR":
-            if status_kind(obj.get("code")) is ApiError.GONE:
-                raise Gone(obj.get("message"))
+            status = event_status(obj)
+            if status.kind is ApiError.GONE:
+                raise Gone(status)
             raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
-        rv = Meta(obj).resource_version
+        rv = _rv(obj)
         if kind == "BOOKMARK":
             return rv
         obj = self._transform(obj)
@@ -245,8 +299,9 @@ def _events(resp: Any) -> Iterator[dict[str, Any]]:
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:
-    return Meta(obj).uid or None
+    return str(_meta(obj).get("uid") or "") or None
 
 
 def _rv(obj: Mapping[str, Any]) -> str | None:
-    return Meta(obj).resource_version
+    rv = _meta(obj).get("resourceVersion")
+    return str(rv) if rv else None
