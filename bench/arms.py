@@ -240,13 +240,19 @@ def run_bind_arm(
     return run
 
 
+def _read_back(
+    raw: Raw, namespace: str, pods: list[PodSpec]
+) -> tuple[list[str], dict[str, PodSpec], list[dict[str, Any]]]:
+    """The namespace's pods as the API has them, the planned ones by name, and a problem when
+    the counts differ."""
+    items = raw.list_items(f"/api/v1/namespaces/{namespace}/pods")
+    problems = [f"{namespace}: {len(items)} pods, expected {len(pods)}"] if len(items) != len(pods) else []
+    return problems, {p.name: p for p in pods}, items
+
+
 def check_placement(raw: Raw, namespace: str, pods: list[PodSpec]) -> list[str]:
     """Every pod on its mapped node holding its mapped GPU; no node:GPU held twice cluster-wide."""
-    problems: list[str] = []
-    want = {p.name: p for p in pods}
-    items = raw.list_items(f"/api/v1/namespaces/{namespace}/pods")
-    if len(items) != len(pods):
-        problems.append(f"{namespace}: {len(items)} pods, expected {len(pods)}")
+    problems, want, items = _read_back(raw, namespace, pods)
     for pod in items:
         name = pod["metadata"]["name"]
         spec = pod.get("spec") or {}
@@ -308,11 +314,7 @@ def run_create_arm(
 
 
 def check_injection(raw: Raw, namespace: str, pods: list[PodSpec], webhook: bool) -> list[str]:
-    problems: list[str] = []
-    want = {p.name: p for p in pods}
-    items = raw.list_items(f"/api/v1/namespaces/{namespace}/pods")
-    if len(items) != len(pods):
-        problems.append(f"{namespace}: {len(items)} pods, expected {len(pods)}")
+    problems, want, items = _read_back(raw, namespace, pods)
     for pod in items:
         name = pod["metadata"]["name"]
         envs = [plain_env(c) for c in pod_containers(pod.get("spec"))]

@@ -177,13 +177,19 @@ def bind_table(results: Results, scale: Scale) -> str:
     ]
     for plan in scale.plans:
         for arm in ARMS:
-            runs = runs_of(results, arm, plan.key)
-            ok = "yes" if runs and all(r.correct for r in runs) else "NO"
             lines.append(
-                f"| {plan.label} | {arm}: {ARM_NAMES[arm]} | {_spread([r.throughput for r in runs])} | "
-                f"{_ms([r.p50 for r in runs])} | {_ms([r.p99 for r in runs])} | {ok} |"
+                _runs_row(f"{plan.label} | {arm}: {ARM_NAMES[arm]}", runs_of(results, arm, plan.key))
             )
     return "\n".join(lines)
+
+
+def _runs_row(first: str, runs: list[Run]) -> str:
+    """A table row: ``first`` cells, then rate spread, p50, p99 and whether every run was correct."""
+    ok = "yes" if runs and all(r.correct for r in runs) else "NO"
+    return (
+        f"| {first} | {_spread([r.throughput for r in runs])} | {_ms([r.p50 for r in runs])} | "
+        f"{_ms([r.p99 for r in runs])} | {ok} |"
+    )
 
 
 def webhook_table(results: Results, scale: Scale) -> str:
@@ -193,12 +199,7 @@ def webhook_table(results: Results, scale: Scale) -> str:
     ]
     for entries in scale.webhook_maps:
         for arm, label in (("W-", "off"), ("W+", "on")):
-            runs = runs_of(results, arm, f"map{entries}")
-            ok = "yes" if runs and all(r.correct for r in runs) else "NO"
-            lines.append(
-                f"| {entries} | {label} | {_spread([r.throughput for r in runs])} | {_ms([r.p50 for r in runs])} | "
-                f"{_ms([r.p99 for r in runs])} | {ok} |"
-            )
+            lines.append(_runs_row(f"{entries} | {label}", runs_of(results, arm, f"map{entries}")))
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
 from gpu_scheduling.kube.timefmt import micro_time
+from localcluster.admission import POD_CREATE_RULE
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import render_rbac, scheduler_chart_values
@@ -165,15 +166,7 @@ class Bench:
                         "url": f"https://127.0.0.1:{port}/mutate",
                         "caBundle": ca_bundle(self.webhook_certs),
                     },
-                    "rules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["pods"],
-                            "scope": "Namespaced",
-                        }
-                    ],
+                    "rules": [POD_CREATE_RULE],
                     "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": condition}],
                 }
             ],

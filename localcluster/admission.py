@@ -22,6 +22,16 @@ RESOURCES: dict[str, dict[str, str]] = {
     "StatefulSet": {"group": "apps", "version": "v1", "resource": "statefulsets"},
 }
 
+# The rule of a MutatingWebhookConfiguration that sends pod creations to the webhook
+# (the chart's, as the host-process webhook of the tests and the bench registers it).
+POD_CREATE_RULE: dict[str, Any] = {
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "operations": ["CREATE"],
+    "resources": ["pods"],
+    "scope": "Namespaced",
+}
+
 
 def admission_review(
     obj: dict[str, Any] | None,

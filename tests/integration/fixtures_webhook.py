@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.admission import POD_CREATE_RULE
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity
@@ -121,15 +122,7 @@ def webhook_configurations(name: str, namespace: str, server: WebhookServer) -> 
                 **common,
                 "reinvocationPolicy": "IfNeeded",
                 "clientConfig": {"url": f"{server.url}/mutate", "caBundle": server.ca_bundle},
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
+                "rules": [POD_CREATE_RULE],
                 "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": POD_CONDITION}],
             }
         ],
