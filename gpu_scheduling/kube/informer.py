@@ -163,6 +163,8 @@ class Informer:
                 )
                 rv = None
             except Exception as err:
+                if stop.is_set():
+                    break  # the stream was closed to stop this informer: not a failure
                 delay = self._backoff.next(self.name)
                 if self._jitter:
                     delay *= random.uniform(1 - self._jitter, 1 + self._jitter)

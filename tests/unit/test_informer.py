@@ -337,6 +337,35 @@ def test_stop_leaves_the_stream_and_closes_it(run: Run) -> None:
     assert run.script.responses[1].released
 
 
+def test_a_stream_closed_to_stop_is_not_a_failure(run: Run) -> None:
+    """How the bench and a shutdown stop a watch: close its socket. The read then fails, but
+    that is the stop, not an error to report and retry."""
+
+    class ClosedOnStop(Response):
+        def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+            run.stop.wait()
+            raise urllib3.exceptions.ProtocolError("Connection broken: the socket was closed")
+            yield b""  # a generator, as the real one
+
+    run.script.lists.append(([], "10"))
+    run.script.watches.append([])
+    original = run.script.__call__
+
+    def answer(**kwargs: Any) -> Response:
+        resp = original(**kwargs)
+        if kwargs.get("watch"):
+            resp.__class__ = ClosedOnStop
+        return resp
+
+    run.informer._list_fn = answer
+    run.start()
+    eventually(lambda: len(run.script.responses) == 2, "the watch")
+    run.stop.set()
+    run.informer.join(5)
+    assert not run.informer.alive()
+    assert run.errors == [] and run.backoff.delays == []
+
+
 def test_the_transform_decides_what_is_cached_and_handed_on() -> None:
     def gpus_only(obj: Obj) -> Obj:
         meta = obj["metadata"]
