@@ -302,19 +302,16 @@ class Cluster:
         from localcluster.node import NODE_NAME
 
         assert self.node is not None
-        from localcluster.node import COREDNS_RBAC
+        from localcluster.node import COREDNS_RBAC, ControlPlane
 
         self.apply(COREDNS_RBAC)
-        dns_health = self.node.start_coredns(
+        access = ControlPlane(
             self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
         )
+        dns_health = self.node.start_coredns(access)
         self.procs["coredns"].wait_http(dns_health, timeout=timeout)
-        self.node.start_kubelet(
-            self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
-        )
-        self.node.start_kube_proxy(
-            self._spawn_node_process, pki, self.server, self.ca_file, kubeconfig_yaml, free_port
-        )
+        self.node.start_kubelet(access)
+        self.node.start_kube_proxy(access)
         self.wait_until(
             lambda: self._ok("get", "node", NODE_NAME), timeout, f"the kubelet to register {NODE_NAME}"
         )

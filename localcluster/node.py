@@ -28,6 +28,7 @@ time (a lock file says who holds it).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -151,6 +152,26 @@ class NodeBinaries:
     coredns: Path
 
 
+@dataclass(frozen=True)
+class ControlPlane:
+    """What the node's processes need of the control plane: how to start a process, client
+    certificates and kubeconfigs for the apiserver, and free ports."""
+
+    spawn: Callable[[str, Sequence[str]], ManagedProcess]
+    pki: LocalPKI
+    server: str
+    ca_file: Path
+    kubeconfig_yaml: Callable[..., str]
+    free_port: Callable[[], int]
+
+    def client_kubeconfig(self, workdir: Path, user: str, cn: str, org: str | None = None) -> Path:
+        """A client certificate for ``cn`` (in group ``org``) and a kubeconfig that uses it."""
+        crt, key = self.pki.issue(f"{user}-client", cn, org=org)
+        path = workdir / f"{user}.kubeconfig"
+        path.write_text(self.kubeconfig_yaml(self.server, self.ca_file, user, crt, key))
+        return path
+
+
 class RealNode:
     """One kubelet node. Build it with :meth:`start`; :meth:`stop` gives the host back."""
 
@@ -205,6 +226,13 @@ class RealNode:
                     (h / CGROUP_ROOT / f).write_text((h / f).read_text())
 
     def _take_lock(self) -> None:
+        # The check and the write under one flock: two nodes starting at once cannot both see
+        # the lock free. (The lock itself outlives this process: it names containerd's pid.)
+        with open(LOCK_FILE.with_name(LOCK_FILE.name + ".guard"), "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            self._take_lock_locked()
+
+    def _take_lock_locked(self) -> None:
         if LOCK_FILE.exists():
             try:
                 held = json.loads(LOCK_FILE.read_text())
@@ -332,28 +360,18 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     def images(self) -> list[str]:
         return [line.split()[0] for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
 
-    def start_kubelet(
-        self,
-        spawn: Callable[[str, Sequence[str]], ManagedProcess],
-        pki: LocalPKI,
-        server: str,
-        ca_file: Path,
-        kubeconfig_yaml: Callable[..., str],
-        free_port: Callable[[], int],
-    ) -> int:
+    def start_kubelet(self, cp: ControlPlane) -> int:
         kdir = self.dir / "kubelet"
         kdir.mkdir(parents=True, exist_ok=True)
-        crt, key = pki.issue("kubelet-client", f"system:node:{NODE_NAME}", org="system:nodes")
-        kubeconfig = self.dir / "kubelet.kubeconfig"
-        kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "kubelet", crt, key))
-        serving_crt, serving_key = pki.issue(
+        kubeconfig = cp.client_kubeconfig(self.dir, "kubelet", f"system:node:{NODE_NAME}", org="system:nodes")
+        serving_crt, serving_key = cp.pki.issue(
             "kubelet-serving",
             f"system:node:{NODE_NAME}",
             dns=(NODE_NAME, "localhost"),
             ips=(GATEWAY,),
             server=True,
         )
-        port = free_port()
+        port = cp.free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -366,14 +384,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             "port": port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port(),
+            "healthzPort": cp.free_port(),
             "tlsCertFile": str(serving_crt),
             "tlsPrivateKeyFile": str(serving_key),
             "tlsMinVersion": "VersionTLS12",
             "authentication": {
                 "anonymous": {"enabled": False},
                 "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(ca_file)},
+                "x509": {"clientCAFile": str(cp.ca_file)},
             },
             "authorization": {"mode": "Webhook"},
             "registerWithTaints": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
@@ -405,7 +423,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         }
         cfg_path = kdir / "config.yaml"
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        spawn(
+        cp.spawn(
             "kubelet",
             [
                 str(self.bins.kubelet),
@@ -421,22 +439,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         )
         return port
 
-    def start_coredns(
-        self,
-        spawn: Callable[[str, Sequence[str]], ManagedProcess],
-        pki: LocalPKI,
-        server: str,
-        ca_file: Path,
-        kubeconfig_yaml: Callable[..., str],
-        free_port: Callable[[], int],
-    ) -> str:
+    def start_coredns(self, cp: ControlPlane) -> str:
         """Cluster DNS for the node's pods (Service and pod names under cluster.local), as the
         kubelet's clusterDNS. Upstream infrastructure, like kube-proxy: a process on the node.
         Returns the URL of its health endpoint."""
-        crt, key = pki.issue("coredns", "system:coredns")
-        kubeconfig = self.dir / "coredns.kubeconfig"
-        kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "coredns", crt, key))
-        health = f"127.0.0.1:{free_port()}"
+        kubeconfig = cp.client_kubeconfig(self.dir, "coredns", "system:coredns")
+        health = f"127.0.0.1:{cp.free_port()}"
         corefile = self.dir / "Corefile"
         corefile.write_text(
             f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{
@@ -452,21 +460,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 }}
 """
         )
-        spawn("coredns", [str(self.bins.coredns), "-conf", str(corefile)])
+        cp.spawn("coredns", [str(self.bins.coredns), "-conf", str(corefile)])
         return f"http://{health}/health"
 
-    def start_kube_proxy(
-        self,
-        spawn: Callable[[str, Sequence[str]], ManagedProcess],
-        pki: LocalPKI,
-        server: str,
-        ca_file: Path,
-        kubeconfig_yaml: Callable[..., str],
-        free_port: Callable[[], int],
-    ) -> None:
-        crt, key = pki.issue("kube-proxy", "system:kube-proxy")
-        kubeconfig = self.dir / "kube-proxy.kubeconfig"
-        kubeconfig.write_text(kubeconfig_yaml(server, ca_file, "kube-proxy", crt, key))
+    def start_kube_proxy(self, cp: ControlPlane) -> None:
+        kubeconfig = cp.client_kubeconfig(self.dir, "kube-proxy", "system:kube-proxy")
         config = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
@@ -475,8 +473,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             "hostnameOverride": NODE_NAME,
             "clusterCIDR": POD_CIDR,
             "bindAddress": "127.0.0.1",
-            "healthzBindAddress": f"127.0.0.1:{free_port()}",
-            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            "healthzBindAddress": f"127.0.0.1:{cp.free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{cp.free_port()}",
             # Leave the host's conntrack sysctls as they are.
             "conntrack": {
                 "maxPerCore": 0,
@@ -488,7 +486,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
         }
         path = self.dir / "kube-proxy.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        spawn("kube-proxy", [str(self.bins.kube_proxy), f"--config={path}", "--v=1"])
+        cp.spawn("kube-proxy", [str(self.bins.kube_proxy), f"--config={path}", "--v=1"])
 
     # ------------------------------------------------------------------ stop
     def stop(self, procs: dict[str, ManagedProcess] | None = None) -> None:

@@ -87,6 +87,7 @@ class BoundSampler(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.namespace, self.expected = cluster, namespace, _expected(entries)
         self.violations: list[str] = []
+        self.unmutated: dict[str, str] = {}  # uid -> name of pods seen without their devices
         self.samples = 0
         self._stop_evt = threading.Event()
 
@@ -99,6 +100,8 @@ class BoundSampler(threading.Thread):
                 continue
             self.samples += 1
             for pod in pods:
+                if "CUDA_VISIBLE_DEVICES" not in _env(pod):
+                    self.unmutated[pod["metadata"]["uid"]] = pod["metadata"]["name"]
                 node = pod["spec"].get("nodeName")
                 if not node or pod["status"].get("phase") in ("Succeeded", "Failed"):
                     continue
@@ -231,6 +234,34 @@ def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> No
     assert _pods(product.cluster, product.namespace, "app.kubernetes.io/component=test") == []
 
 
+class WebhookKiller(threading.Thread):
+    """Kills the webhook containers' processes on the node (SIGKILL through containerd, as an
+    OOM kill or a crash would), again each time the kubelet restarts one, until stopped: while
+    it runs no webhook answers, whatever the API says of its pods."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.kills = 0
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        node = self.cluster.node
+        assert node is not None
+        while not self._stop_evt.is_set():
+            listed = node.ctr(
+                "containers", "ls", "-q", 'labels."io.kubernetes.container.name"==webhook', check=False
+            )
+            for cid in listed.stdout.split():
+                if node.ctr("tasks", "kill", "--signal", "SIGKILL", cid, check=False).returncode == 0:
+                    self.kills += 1
+            self._stop_evt.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=10)
+
+
 def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
     product: Product, node_namespace: str
 ) -> None:
@@ -238,26 +269,22 @@ def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
     entries = [f"{i}=node{i // 4 + 1}:{i % 4}" for i in range(12)]
     product.wait_serving()
     sampler = BoundSampler(cluster, node_namespace, entries)
+    killer = WebhookKiller(cluster)
     sampler.start()
     try:
-        # Both webhook replicas die at once, as in a node's crash, and the burst comes while they
-        # are gone: failurePolicy Ignore admits its pods unmutated, and the scheduler must neither
-        # bind them nor lose them (it deletes them so that the StatefulSet recreates them through
-        # the webhook once it is back).
-        cluster.kubectl(
-            "delete",
-            "pods",
-            "-n",
-            product.namespace,
-            "-l",
-            "app.kubernetes.io/component=webhook",
-            "--grace-period=0",
-            "--force",
-            "--wait=false",
-        )
+        # Both webhook replicas die, as in a node's crash, and stay dead while the burst comes:
+        # failurePolicy Ignore admits its pods unmutated, and the scheduler must neither bind them
+        # nor lose them (it deletes them so that the StatefulSet recreates them through the
+        # webhook once it is back).
+        killer.start()
+        wait_for(lambda: killer.kills >= 2, timeout=30, what="both webhook containers killed on the node")
         cluster.apply(
             {**_statefulset("burst", entries), "metadata": {"name": "burst", "namespace": node_namespace}}
         )
+        wait_for(
+            lambda: len(sampler.unmutated) >= 3, timeout=60, what="burst pods admitted past the dead webhook"
+        )
+        killer.stop()
 
         def all_placed() -> bool:
             pods = _pods(cluster, node_namespace, "app=burst")
@@ -267,11 +294,13 @@ def test_no_pod_is_bound_without_its_devices_while_the_webhook_pods_are_killed(
 
         wait_for(all_placed, timeout=240, interval=1, what="all 12 replicas Running once the webhook is back")
     finally:
+        killer.stop()
         sampler.stop()
-    # A force-deleted webhook pod may still serve the burst for a moment (its containers stop
-    # after the API object goes), so the placement can be quick: at least one full sample.
-    assert sampler.samples >= 1, "the transition was not watched"
+    assert sampler.samples > 5, "the transition was not watched"
     assert sampler.violations == [], sampler.violations[:10]
+    # Every replica now runs with its devices: each unmutated pod was replaced, none was bound.
+    running = {p["metadata"]["uid"] for p in _pods(cluster, node_namespace, "app=burst")}
+    assert not running & sampler.unmutated.keys(), "a pod admitted without its devices is running"
     product.wait_serving()
 
 
