@@ -68,6 +68,40 @@ def _map_of(obj: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
+REVISION_LABEL = "controller-revision-hash"
+
+
+def revision_result(
+    pod: Mapping[str, Any], owner: Mapping[str, Any], ordinal: int | None, who: str
+) -> Result | None:
+    """The pod is of its StatefulSet's update revision, where the update strategy says it must
+    be by now (RollingUpdate, at or above the partition); None where no revision is expected.
+
+    A changed map is not the only change a release makes: an image, an env, a resource. A pod
+    of the previous revision with the same map would otherwise pass for the new release."""
+    spec, status = owner.get("spec") or {}, owner.get("status") or {}
+    strategy = spec.get("updateStrategy") or {}
+    if strategy.get("type") == "OnDelete" or ordinal is None:
+        return None  # the operator decides when each pod moves
+    if ordinal < ((strategy.get("rollingUpdate") or {}).get("partition") or 0):
+        return None  # the partition keeps it at the current revision
+    generation = Meta(owner).meta.get("generation")
+    observed = status.get("observedGeneration")
+    if generation is not None and (observed is None or observed < generation):
+        return Result(
+            "pod:revision",
+            f"StatefulSet generation {generation} observed by its controller",
+            observed,
+            False,
+            who,
+        )
+    update = status.get("updateRevision")
+    if not update:
+        return None
+    have = Meta(pod).labels.get(REVISION_LABEL)
+    return Result("pod:revision", update, have, have == update, who, {"label": REVISION_LABEL})
+
+
 def evaluate_release(
     pods: Sequence[Mapping[str, Any]],
     owners: Mapping[str, Mapping[str, Any] | None],
@@ -129,6 +163,9 @@ def evaluate_release(
         if owner is not None:
             # A pod from an older revision still carries the older map: not converged yet.
             results.append(Result("pod:map", smap.format(), pod_text, _parse_or_none(pod_text) == smap, who))
+            revision = revision_result(pod, owner, ordinal, who)
+            if revision is not None:
+                results.append(revision)
         entry = smap.get(ordinal) if ordinal is not None else None
         results.append(
             Result(

@@ -502,6 +502,49 @@ def test_release_old_revision_map() -> None:
     assert ("ns/w-1", "env:CUDA_VISIBLE_DEVICES") in failed
 
 
+def rolled(owner: dict[str, Any], update: str, *, generation: int = 2, observed: int = 2) -> dict[str, Any]:
+    owner["metadata"]["generation"] = generation
+    owner["status"] = {"observedGeneration": observed, "updateRevision": update, "currentRevision": "w-old"}
+    return owner
+
+
+def at_revision(pods: list[dict[str, Any]], *revisions: str) -> list[dict[str, Any]]:
+    for p, rev in zip(pods, revisions, strict=True):
+        p["metadata"]["labels"]["controller-revision-hash"] = rev
+    return pods
+
+
+def test_release_a_pod_of_the_previous_revision_with_the_same_map_is_not_converged() -> None:
+    """A release that changes anything but the map (an image, an env): the old pods carry the
+    same map, so only their controller-revision-hash tells them apart."""
+    owner = rolled(sts("w", MAP), "w-new")
+    results, _ = evaluate_release(at_revision(good_pods(), "w-new", "w-old"), {"w": owner}, "ns")
+    failed = [(r.pod, r.check, r.expected, r.actual) for r in results if r.ok is False]
+    assert failed == [("ns/w-1", "pod:revision", "w-new", "w-old")]
+    results, _ = evaluate_release(at_revision(good_pods(), "w-new", "w-new"), {"w": owner}, "ns")
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+
+
+def test_release_waits_for_the_controller_to_observe_the_new_generation() -> None:
+    owner = rolled(sts("w", MAP), "w-old", generation=3, observed=2)  # updateRevision not yet recomputed
+    results, _ = evaluate_release(at_revision(good_pods(), "w-old", "w-old"), {"w": owner}, "ns")
+    assert {(r.pod, r.check) for r in results if r.ok is False} == {
+        ("ns/w-0", "pod:revision"),
+        ("ns/w-1", "pod:revision"),
+    }
+
+
+def test_release_old_revisions_the_strategy_keeps_are_expected() -> None:
+    partitioned = rolled(sts("w", MAP), "w-new")
+    partitioned["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}
+    results, _ = evaluate_release(at_revision(good_pods(), "w-old", "w-new"), {"w": partitioned}, "ns")
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+    on_delete = rolled(sts("w", MAP), "w-new")
+    on_delete["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    results, _ = evaluate_release(at_revision(good_pods(), "w-old", "w-old"), {"w": on_delete}, "ns")
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+
+
 ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
