@@ -33,11 +33,12 @@ from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
 from gpu_scheduling.injection import held_devices, plain_env, pod_containers
 
-ARMS = ("A", "E", "B", "C", "L")
+ARMS = ("A", "E", "B", "B2", "C", "L")
 ARM_NAMES = {
     "A": "gpu-scheduler",
     "E": "gpu-scheduler, existing pods",
-    "B": "kube-scheduler (node affinity)",
+    "B": "kube-scheduler at its client's default QPS (node affinity)",
+    "B2": "kube-scheduler, client QPS 5000 / burst 10000 (node affinity)",
     "C": "raw Binding, existing pods",
     "L": "raw Binding, while created",
 }

@@ -327,6 +327,37 @@ class Cluster:
         )
         self.wait_node_ready(NODE_NAME, timeout)
 
+    def start_kube_scheduler(self, name: str, scheduler_name: str, qps: float, burst: int) -> ManagedProcess:
+        """A second kube-scheduler beside the control plane's: its own profile ``scheduler_name``,
+        its client's QPS and burst as given (the control plane's keeps the client defaults,
+        50/100), the same identity and no leader election."""
+        config = {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {
+                "kubeconfig": str(self.workdir / "kube-scheduler.kubeconfig"),
+                "qps": qps,
+                "burst": burst,
+            },
+            "leaderElection": {"leaderElect": False},
+            "profiles": [{"schedulerName": scheduler_name}],
+        }
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        kubeconfig = self.workdir / "kube-scheduler.kubeconfig"
+        return self._spawn(
+            name,
+            [
+                tool("kube-scheduler"),
+                f"--config={path}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                "--v=1",
+            ],
+        )
+
     def _component_kubeconfig(self, pki: LocalPKI, name: str, cn: str, org: str | None = None) -> Path:
         crt, key = pki.issue(name, cn, org=org)
         path = self.workdir / f"{name}.kubeconfig"
