@@ -66,6 +66,7 @@ def _named(pod: Mapping[str, Any]) -> tuple[Pod, str, str]:
 class PodWriter:
     def __init__(self, core: client.CoreV1Api, field_manager: str) -> None:
         self._core = core
+        self._apps = client.AppsV1Api(core.api_client)
         self._field_manager = field_manager
 
     @staticmethod
@@ -133,6 +134,34 @@ class PodWriter:
         if bound_to:
             return BindResult(BindOutcome.ELSEWHERE, bound_to)
         raise RuntimeError(f"binding refused with 409 but the pod is not bound: {json.dumps(current)[:200]}")
+
+    def evict(self, pod: Mapping[str, Any]) -> None:
+        """The Eviction API (policy/v1) for this UID: PodDisruptionBudgets are honoured (429)."""
+        view, name, namespace = _named(pod)
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": view.uid}} if view.uid else {},
+        }
+        send_json(
+            self._core.api_client,
+            "POST",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+            body,
+            TIMEOUT,
+        )
+
+    def read_statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The StatefulSet as the API has it now, or None when it is gone."""
+        try:
+            resp = self._raw(self._apps.read_namespaced_stateful_set, name, namespace)
+        except ApiException as err:
+            if api_error(err) is ApiError.NOT_FOUND:
+                return None
+            raise
+        found = read_json(resp)
+        return found if isinstance(found, dict) else None
 
     def set_unschedulable(self, pod: Mapping[str, Any], message: str) -> None:
         """PodScheduled=False, reason Unschedulable, as kube-scheduler reports it."""

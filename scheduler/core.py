@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from gpu_scheduling.kube.backoff import Backoff
 from gpu_scheduling.kube.informer import Obj
 from gpu_scheduling.objects import Node, Pod
-from gpu_scheduling.rules import NOT_INJECTED, Decision, evaluate, node_signature
+from gpu_scheduling.rules import GPU_IN_USE, NOT_INJECTED, Decision, evaluate, node_signature
 from scheduler.binding import PodWriter
 from scheduler.events import EventRecorder
 from scheduler.health import SchedulerHealth
@@ -42,6 +42,7 @@ from scheduler.pods import is_gated, is_pending, pod_signature
 from scheduler.recreate import NotInjectedRecreation
 from scheduler.refusals import KubeletRefusals, refused_by_kubelet
 from scheduler.report import Reporter
+from scheduler.rollout import RolloutEvictions
 from scheduler.server import Probes
 from scheduler.settings import EXTENDER, Settings
 from scheduler.usage import NodeUsage, footprint
@@ -85,6 +86,7 @@ class Scheduler:
         self.waiting = WaitingIndex()
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self.report = Reporter(writer, events, self.metrics)
+        self.rollout = RolloutEvictions(writer, events, self.pod)
         self.placement = Placement(self.ledger, self.usage, writer, self.is_leader, self._requeue_nodes)
         self.refusals = KubeletRefusals(
             settings.kubelet_refusal_hold, self.usage, self.metrics, events, self.queue.add_after
@@ -256,6 +258,8 @@ class Scheduler:
         if decision.ok and decision.entry is not None:
             decision = self.refusals.hold(pod, decision, self.nodes.get(decision.entry.node))
         if not decision.ok or decision.entry is None:
+            if decision.reason == GPU_IN_USE:
+                decision = self.rollout.make_room(pod, decision)
             self._refuse(pod, decision)
             return
         with self._lock:

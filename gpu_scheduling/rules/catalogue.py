@@ -41,6 +41,10 @@ NOT_SYNCED = "NotSynced"
 MAPPED_ELSEWHERE = "NotMappedNode"
 NOT_A_CANDIDATE = "NotACandidate"
 
+# The scheduler's Event on an outdated replica it evicts so that its StatefulSet's rollout can
+# go on (the replica of the new revision waits for a GPU the outdated one holds).
+EVICTED_FOR_ROLLOUT = "EvictedForRollout"
+
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
 
@@ -72,4 +76,5 @@ OTHER_REASONS = (
     MAPPED_ELSEWHERE,
     NOT_A_CANDIDATE,
     ABSURD_LEASE_DURATION,
+    EVICTED_FOR_ROLLOUT,
 )

@@ -51,7 +51,9 @@ SCHEDULER_ALLOWED = [
     ("delete", "pods", None),
     ("delete", "pods", ELSEWHERE),
     ("create", "pods/binding", None),
+    ("create", "pods/eviction", None),
     ("patch", "pods/status", None),
+    ("get", "statefulsets.apps", None),
     ("list", "nodes", None),
     ("watch", "nodes", None),
     ("create", "events.events.k8s.io", None),
@@ -69,7 +71,6 @@ SCHEDULER_DENIED = [
     ("deletecollection", "pods", None),
     ("update", "pods/status", None),
     ("create", "pods/exec", None),
-    ("create", "pods/eviction", None),
     ("patch", "pods/ephemeralcontainers", None),
     ("get", "secrets", None),
     ("list", "secrets", None),
@@ -90,6 +91,8 @@ SCHEDULER_DENIED = [
     ("create", "leases.coordination.k8s.io", ELSEWHERE),
     ("create", "serviceaccounts/token", "{ns}"),
     ("update", "statefulsets.apps", None),
+    ("list", "statefulsets.apps", None),
+    ("patch", "statefulsets.apps", None),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
 ]
 WEBHOOK_ALLOWED = [("list", "nodes", None), ("watch", "nodes", None)]

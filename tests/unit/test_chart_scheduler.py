@@ -361,6 +361,8 @@ def test_scheduler_rbac_is_exactly_what_it_calls() -> None:
     assert rule_map(role) == {
         ("", "pods"): ["delete", "get", "list", "watch"],
         ("", "pods/binding"): ["create"],
+        ("", "pods/eviction"): ["create"],
+        ("apps", "statefulsets"): ["get"],
         ("", "pods/status"): ["patch"],
         ("", "nodes"): ["list", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],

@@ -82,6 +82,12 @@ class Writer:
         self.deleted.append(Cache.key(pod))
         return True
 
+    def read_statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None  # no StatefulSet behind these pods' ownerReferences
+
+    def evict(self, pod: Mapping[str, Any]) -> None:
+        raise AssertionError("no eviction without a StatefulSet rollout")
+
 
 class Events:
     def __init__(self) -> None:

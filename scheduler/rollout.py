@@ -1,0 +1,163 @@
+"""A rollout that moves GPUs between the replicas of one StatefulSet finishes by itself.
+
+A map edit that swaps or rotates GPUs (``0=node1:3``, ``1=node2:3`` becoming
+``0=node2:3``, ``1=node1:3``) jams a rolling update: the controller replaces the
+highest ordinal first, the new replica waits for a GPU an outdated replica still
+holds, and the controller touches no other replica until the new one is Ready.
+
+kube-scheduler's way out is preemption; ours is narrower. The holder of a wanted
+GPU is evicted (the Eviction API, so PodDisruptionBudgets are honoured) only when:
+
+* it is a replica of the waiting pod's own StatefulSet (the same controller UID);
+* it is of an older revision (its ``controller-revision-hash`` is not the
+  StatefulSet's ``status.updateRevision``) while the waiting pod is of the update
+  revision: the controller would replace it in this rollout anyway;
+* its own entry in the new map no longer holds that GPU: evicted, it comes back at
+  the new revision wanting other GPUs, so no replica moves twice;
+* it is not being deleted already.
+
+The GPU is free only once the holder is gone (a terminating pod holds its GPUs:
+:func:`scheduler.ledger.is_active`), so no two pods ever hold one GPU. An Event
+on the holder (``EvictedForRollout``) and the waiting pod's ``GPUInUse`` note say
+what happened; any other holder (another workload, a pod of the same revision)
+is named in the note with the way out, and is never evicted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpu_scheduling.kube.errors import ApiError, api_status, error_message
+from gpu_scheduling.objects import Pod
+from gpu_scheduling.podinfo import ordinal_of
+from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding
+from gpu_scheduling.schedmap import ANNOTATION, MapError, parse_cached
+from scheduler.binding import PodWriter
+from scheduler.events import EventRecorder
+
+log = logging.getLogger("gpu_scheduler")
+
+REVISION_LABEL = "controller-revision-hash"
+# How many evicted pods are remembered (so none is evicted twice).
+MAX_REMEMBERED = 10_000
+
+
+class RolloutEvictions:
+    def __init__(
+        self,
+        writer: PodWriter,
+        events: EventRecorder,
+        pod_of: Callable[[str], Mapping[str, Any] | None],
+    ) -> None:
+        self._writer = writer
+        self._events = events
+        self._pod_of = pod_of  # the pods cache: holders of a GPU are our pods
+        self._lock = threading.Lock()
+        self._evicted: dict[str, None] = {}  # holder UIDs already evicted (insertion order)
+
+    def make_room(self, pod: Mapping[str, Any], decision: Decision) -> Decision:
+        """``decision`` (refused with GPUInUse), each GPUInUse note telling what happens to its
+        holder: evicted for the rollout, being deleted, or why it stays."""
+        owner = Pod(pod).owner
+        if owner is None or owner.get("kind") != "StatefulSet" or decision.entry is None:
+            return decision
+        if not any(r.reason == GPU_IN_USE for r in decision.refusals):
+            return decision
+        namespace = Pod(pod).namespace or ""
+        try:
+            sts = self._writer.read_statefulset(namespace, str(owner.get("name")))
+        except Exception as err:
+            log.warning(
+                "cannot read the pod's StatefulSet", extra={"pod": Pod(pod).key, "error": error_message(err)}
+            )
+            return decision
+        if sts is None or (sts.get("metadata") or {}).get("uid") != owner.get("uid"):
+            return decision
+        refusals = tuple(
+            Finding(r.reason, f"{r.message}: {self._holder(pod, sts, r.message)}")
+            if r.reason == GPU_IN_USE
+            else r
+            for r in decision.refusals
+        )
+        return Decision(decision.ordinal, decision.entry, refusals, decision.warnings)
+
+    def _holder(self, pod: Mapping[str, Any], sts: Mapping[str, Any], message: str) -> str:
+        """What happens to the holder named in one GPUInUse message ("GPU n:g is held by pod ns/x")."""
+        gpu_text, _, key = message.partition(" is held by pod ")
+        node, _, gpu = gpu_text.removeprefix("GPU ").rpartition(":")
+        holder = self._pod_of(key)
+        name = str((sts.get("metadata") or {}).get("name"))
+        if holder is None:
+            return "the holder is not one of this scheduler's pods; it must end or move first"
+        view, status = Pod(holder), sts.get("status") or {}
+        update = status.get("updateRevision")
+        same_set = (view.owner or {}).get("uid") == (sts.get("metadata") or {}).get("uid")
+        if not same_set:
+            return (
+                f"it belongs to another workload, not to StatefulSet {name}: gpu-scheduler evicts only "
+                "an outdated replica of the waiting pod's own StatefulSet; change one of the two maps, "
+                f"or delete pod {key}"
+            )
+        have = view.labels.get(REVISION_LABEL)
+        if not update or Pod(pod).labels.get(REVISION_LABEL) != update:
+            return f"the waiting pod is not of StatefulSet {name}'s update revision ({update}): nothing is evicted for it"
+        if have == update:
+            return f"it is a replica of StatefulSet {name} at the same revision ({have}): the map gives that GPU twice"
+        if view.deleting:
+            return f"it is an outdated replica of StatefulSet {name} (revision {have}) and is terminating"
+        ordinal = ordinal_of(view.name, view.labels)
+        if self._keeps(sts, ordinal, node, gpu):
+            return (
+                f"it is an outdated replica of StatefulSet {name}, but the new map gives it the same GPU: "
+                "evicting it would only move it back; the rollout goes on once it is replaced"
+            )
+        return self._evict(holder, key, name, have, update)
+
+    @staticmethod
+    def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: str) -> bool:
+        text = (
+            (((sts.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+        ).get(ANNOTATION)
+        if ordinal is None or not isinstance(text, str):
+            return True  # not knowing where it goes, never move it
+        try:
+            entry = parse_cached(text).get(ordinal)
+        except MapError:
+            return True
+        return entry is not None and entry.node == node and gpu.isdigit() and int(gpu) in entry.gpus
+
+    def _evict(self, holder: Mapping[str, Any], key: str, name: str, have: str | None, update: str) -> str:
+        uid = Pod(holder).uid or ""
+        with self._lock:
+            if uid in self._evicted:
+                return f"evicted it (an outdated replica of StatefulSet {name}, revision {have}); waiting for it to go"
+        try:
+            self._writer.evict(holder)
+        except Exception as err:
+            status = api_status(err)
+            if status.code == 429:
+                return (
+                    f"it is an outdated replica of StatefulSet {name}; its eviction waits for a "
+                    f"PodDisruptionBudget ({status.message or status.reason})"
+                )
+            if status.kind is ApiError.NOT_FOUND:
+                return "it is gone"
+            log.warning("eviction failed", extra={"pod": key, "error": error_message(err)})
+            return f"evicting it failed: {error_message(err)}"
+        with self._lock:
+            self._evicted[uid] = None
+            while len(self._evicted) > MAX_REMEMBERED:
+                del self._evicted[next(iter(self._evicted))]
+        note = (
+            f"{EVICTED_FOR_ROLLOUT}: an outdated replica (revision {have}) of StatefulSet {name} held a GPU "
+            f"that a replica of the update revision {update} is mapped to; evicted so that the rollout goes on"
+        )
+        log.info(
+            "evicted an outdated replica for its StatefulSet's rollout",
+            extra={"pod": key, "statefulset": name},
+        )
+        self._events.warning(holder, EVICTED_FOR_ROLLOUT, note)
+        return f"evicted it (an outdated replica of StatefulSet {name}, revision {have}, update revision {update})"
