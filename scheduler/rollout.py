@@ -14,7 +14,9 @@ GPU is evicted (the Eviction API, so PodDisruptionBudgets are honoured) only whe
   revision: the controller would replace it in this rollout anyway;
 * its own entry in the new map no longer holds that GPU: evicted, it comes back at
   the new revision wanting other GPUs, so no replica moves twice;
-* it is not being deleted already.
+* it is not being deleted already;
+* the StatefulSet's update strategy lets it move now: never under ``OnDelete`` (the
+  operator deletes each pod) nor below a ``RollingUpdate`` partition.
 
 The GPU is free only once the holder is gone (a terminating pod holds its GPUs:
 :func:`scheduler.ledger.is_active`), so no two pods ever hold one GPU. An Event
@@ -109,6 +111,18 @@ class RolloutEvictions:
         if view.deleting:
             return f"it is an outdated replica of StatefulSet {name} (revision {have}) and is terminating"
         ordinal = ordinal_of(view.name, view.labels)
+        strategy = (sts.get("spec") or {}).get("updateStrategy") or {}
+        if strategy.get("type") == "OnDelete":
+            return (
+                f"it is an outdated replica of StatefulSet {name}, which updates OnDelete: "
+                f"delete pod {key} to let it move"
+            )
+        partition = (strategy.get("rollingUpdate") or {}).get("partition") or 0
+        if ordinal is not None and ordinal < partition:
+            return (
+                f"it is an outdated replica of StatefulSet {name} below its partition ({partition}): "
+                f"it stays at revision {have} until the partition is lowered"
+            )
         if self._keeps(sts, ordinal, node, gpu):
             return (
                 f"it is an outdated replica of StatefulSet {name}, but the new map gives it the same GPU: "

@@ -126,6 +126,20 @@ def test_a_holder_that_is_not_an_outdated_replica_moving_away_is_named_not_evict
     assert why in decision.message, decision.message
 
 
+def test_the_update_strategy_decides_whether_the_holder_may_move_now() -> None:
+    on_delete = sts()
+    on_delete["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    decision, writer, _ = run(replica(0, "w-old", node="node1"), on_delete)
+    assert writer.evicted == [] and "updates OnDelete: delete pod ns/w-0 to let it move" in decision.message
+    partitioned = sts()
+    partitioned["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}
+    decision, writer, _ = run(replica(0, "w-old", node="node1"), partitioned)
+    assert writer.evicted == [] and "below its partition (1)" in decision.message
+    partitioned["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = 0
+    _, writer, _ = run(replica(0, "w-old", node="node1"), partitioned)
+    assert writer.evicted == ["w-0"]
+
+
 def test_a_terminating_holder_is_waited_for() -> None:
     holder = replica(0, "w-old", node="node1")
     holder["metadata"]["deletionTimestamp"] = "2026-11-24T10:00:00Z"
