@@ -443,8 +443,10 @@ variables.lines.transformList(i, l, l.split(';').filter(c, c.contains('=') && ({
 {{- end }}
 
 {{/*
-CEL: schedmap's rendering of a problem (`problem`) in the entry `h` ([line, entry]).
+CEL: schedmap's rendering of a problem in an entry. Argument: (list H PROBLEM), two CEL
+expressions: the entry as [line, entry] and the problem's text.
 */}}
 {{- define "gpu-scheduler.mapSay" -}}
-'line ' + h[0] + ': ' + problem + " (in '" + (size(h[1]) > 48 ? h[1].substring(0, 47) + '…' : h[1]) + "')"
+{{- $h := index . 0 -}}
+'line ' + {{ $h }}[0] + ': ' + {{ index . 1 }} + " (in '" + (size({{ $h }}[1]) > 48 ? {{ $h }}[1].substring(0, 47) + '…' : {{ $h }}[1]).replace('\r', '\\r').replace('\n', '\\n') + "')"
 {{- end }}

@@ -63,6 +63,7 @@ GPU_VARIABLES = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER
 # The apiserver's limit on all of an object's annotations together, keys included.
 ANNOTATIONS_LIMIT = 256 * 1024
 GENERATED_MAPS = 10_000
+FULLNAME = "gpu-scheduler"  # the chart's name: releases inj-cuda, inj-nvidia
 SEED = 18
 THREADS = 8
 
@@ -286,8 +287,10 @@ def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
             warned = [w for w in webhook.get("warnings") or [] if not any(r in w for r in node_reasons)]
             if case.reason in node_reasons:
                 warned = []
-            if bool(warned) != bool(answer.warnings):
-                problems.append(f"{where}: webhook warnings {warned}, policy warnings {answer.warnings}")
+            # The release of the other device mode warns about pods of its own scheduler only.
+            ours = [w for w in answer.warnings if f"'inj-cuda-{FULLNAME}" in w]
+            if bool(warned) != bool(ours):
+                problems.append(f"{where}: webhook warnings {warned}, policy warnings {ours}")
     assert not problems, "\n".join(problems)
 
 
@@ -443,7 +446,8 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
                 answer = apiserver.create(sent)
                 assert not disagreement(text, ordinal, mode, answer, sent), (label, answer.message)
         sts = apiserver.create(statefulset(text, replicas=len(parse(text))))
-        assert sts.allowed and not sts.warnings, (label, sts.message, sts.warnings)
+        assert sts.allowed, (label, sts.message)
+        assert not [w for w in sts.warnings if f"'inj-cuda-{FULLNAME}" in w], (label, sts.warnings)
         per_pod = admission_time(apiserver, pod(text, last))
         per_sts = admission_time(apiserver, statefulset(text, replicas=len(parse(text))))
         print(
@@ -458,9 +462,16 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
     text = large_map(limit - 40)
     lines = text.count("\n")
     for broken, problem in (
-        (text + "0=node1:0\n", f"line {lines + 1}: ordinal 0 is already mapped on line 1"),
+        # Past 400 entries duplicates are found by a map insertion, which names the key only.
+        (text + "0=node1:0\n", "insert failed: key 0 already exists"),
+        (
+            text + "999999=gpu-node-0.example.com:3\n",
+            "insert failed: key gpu-node-0.example.com:3 already exists",
+        ),
         (text + "9=x:1,\n", f"line {lines + 1}: empty GPU index"),
-        (text + "7=node1:5000\n", f"line {lines + 1}: GPU index 5000 is larger than 1023"),
+        # Past 32 KiB only a problem of shape is named (each messageExpression costs a second
+        # evaluation on every request); the others get the policy's message.
+        (text + "7=node1:5000\n", "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU[,GPU...] entries"),
     ):
         for obj in (pod(broken, "0"), statefulset(broken)):
             answer = apiserver.create(obj)
