@@ -313,6 +313,12 @@ The extender's URL as kube-scheduler calls it.
 Fail early on webhook settings that cannot work.
 */}}
 {{- define "gpu-scheduler.validateValues" -}}
+{{- if not (has .Values.injection.mode (list "webhook" "policy")) }}
+{{- fail (printf "injection.mode must be webhook or policy, not %q" (toString .Values.injection.mode)) }}
+{{- end }}
+{{- if and (eq .Values.injection.mode "policy") .Values.webhook.enabled }}
+{{- fail "injection.mode=policy injects the GPU variables without the webhook: set webhook.enabled=false (or injection.mode=webhook)" }}
+{{- end }}
 {{- if .Values.extender.enabled }}
 {{- if not .Values.extender.tls.caBundle }}
 {{- fail "extender.enabled needs extender.tls.caBundle (base64 PEM of the CA that signed the extender's serving certificate; kube-scheduler verifies the extender with it)" }}
@@ -417,4 +423,30 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/*
+The map's whitespace inside a line, as an RE2 character class: what Python's str.isspace()
+accepts (schedmap.parse strips it around every token) less "\n", which ends the line.
+*/}}
+{{- define "gpu-scheduler.mapSpace" -}}
+[\t\v\f\r\x1c-\x1f\x85\pZ]
+{{- end }}
+
+{{/*
+CEL, for the map policy's messages: `[line, entry]` (line as a string, the entry stripped)
+of every entry `c` of the map, in text order, for which the CEL condition in the
+argument holds. One pass over the comment-free lines (variables.lines).
+*/}}
+{{- define "gpu-scheduler.mapHits" -}}
+variables.lines.transformList(i, l, l.split(';').filter(c, c.contains('=') && ({{ . }})).map(c, [string(i + 1), c.trim()])).flatten()
+{{- end }}
+
+{{/*
+CEL: schedmap's rendering of a problem in an entry. Argument: (list H PROBLEM), two CEL
+expressions: the entry as [line, entry] and the problem's text.
+*/}}
+{{- define "gpu-scheduler.mapSay" -}}
+{{- $h := index . 0 -}}
+'line ' + {{ $h }}[0] + ': ' + {{ index . 1 }} + " (in '" + (size({{ $h }}[1]) > 48 ? {{ $h }}[1].substring(0, 47) + '…' : {{ $h }}[1]).replace('\r', '\\r').replace('\n', '\\n') + "')"
 {{- end }}

@@ -1,0 +1,480 @@
+"""injection.mode policy on the real kube-apiserver: the chart's MutatingAdmissionPolicy and map
+ValidatingAdmissionPolicies agree with the parser (gpu_scheduling.schedmap.parse, the one grammar)
+and with the webhook.
+
+The chart is rendered twice in policy mode, once per device mode (`cuda` for the scheduler
+``gpu-scheduler``, `nvidia` for ``gpu-scheduler-nv``: each MutatingAdmissionPolicy matches its
+own scheduler's pods), and its policies are applied to the local control plane. Pods and
+StatefulSets are then created with ``dryRun=All``: the apiserver runs every admission step and
+returns the object it would store, without storing it.
+
+* every case of the rules table (tests/unit/test_rules_table.py): the pod the policy admits
+  carries what the webhook's patch gives it, the StatefulSet is refused where the webhook's
+  /validate refuses it, and warned about where the webhook warns (node findings aside: those
+  stay with the scheduler);
+* 10,000 seeded maps (tests/support/mapcorpus.py): where the parser accepts a map, each replica
+  looked at (its ordinal in the pod-index label) gets exactly its entry's variables
+  (gpu_scheduling.injection.desired_env) and a replica without an entry none; where the parser
+  refuses it, the pod is refused (the refusal names the line), never admitted with devices;
+* the largest map the apiserver stores (256 KiB of annotations): admitted within the CEL cost
+  limits, with the time per admission printed (3 entries, 3,000 entries, the maximum).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpu_scheduling.injection import (
+    CUDA_DEVICE_ORDER,
+    CUDA_VISIBLE_DEVICES,
+    NVIDIA_VISIBLE_DEVICES,
+    InjectionMode,
+    desired_env,
+    plain_env,
+)
+from gpu_scheduling.podinfo import POD_INDEX_LABEL
+from gpu_scheduling.schedmap import ANNOTATION, MapError, parse
+from localcluster.cluster import Cluster
+from localcluster.rbac import render_chart
+from tests.support.mapcorpus import corpus, large_map
+
+pytestmark = pytest.mark.cluster
+
+# Device mode -> the scheduler name of the release rendered in that mode.
+SCHEDULERS: dict[InjectionMode, str] = {"cuda": "gpu-scheduler", "nvidia": "gpu-scheduler-nv"}
+POLICY_KINDS = (
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
+GPU_VARIABLES = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)
+# The apiserver's limit on all of an object's annotations together, keys included.
+ANNOTATIONS_LIMIT = 256 * 1024
+GENERATED_MAPS = 10_000
+FULLNAME = "gpu-scheduler"  # the chart's name: releases inj-cuda, inj-nvidia
+SEED = 18
+THREADS = 8
+
+
+@dataclass
+class Answer:
+    """What the apiserver answered to one dry-run create."""
+
+    allowed: bool
+    obj: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Apiserver:
+    cluster: Cluster
+    namespace: str
+    api: Any
+
+    def create(self, obj: dict[str, Any]) -> Answer:
+        """POST ``obj`` with dryRun=All: the admitted object, or the refusal's message."""
+        kind = obj["kind"]
+        try:
+            if kind == "Pod":
+                resp = client.CoreV1Api(self.api).create_namespaced_pod(
+                    self.namespace, obj, dry_run="All", _preload_content=False
+                )
+            else:
+                resp = client.AppsV1Api(self.api).create_namespaced_stateful_set(
+                    self.namespace, obj, dry_run="All", _preload_content=False
+                )
+        except client.ApiException as exc:
+            body = json.loads(exc.body or "{}") if (exc.body or "").startswith("{") else {}
+            assert exc.status in (400, 403, 422), f"{exc.status}: {exc.body}"
+            return Answer(False, message=body.get("message", str(exc.body)), warnings=_warnings(exc.headers))
+        return Answer(True, json.loads(resp.data), warnings=_warnings(resp.headers))
+
+    def create_all(self, objs: list[dict[str, Any]]) -> list[Answer]:
+        with ThreadPoolExecutor(THREADS) as pool:
+            return list(pool.map(self.create, objs))
+
+
+def _warnings(headers: Any) -> list[str]:
+    values = headers.getlist("Warning") if hasattr(headers, "getlist") else [headers.get("Warning") or ""]
+    # `299 - "text"`, several joined by ", " when the header is folded.
+    return [m for v in values for m in re.findall(r'299 - "((?:[^"\\]|\\.)*)"', v or "")]
+
+
+def pod(
+    text: str | None,
+    ordinal: str | None,
+    scheduler: str = SCHEDULERS["cuda"],
+    *,
+    init: bool = False,
+    env: list[dict[str, str]] | None = None,
+    name: str = "p",
+) -> dict[str, Any]:
+    labels = {"app": "w", **({POD_INDEX_LABEL: ordinal} if ordinal is not None else {})}
+    container: dict[str, Any] = {"name": "main", "image": "busybox", **({"env": env} if env else {})}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [container, {"name": "side", "image": "busybox"}],
+    }
+    if init:
+        spec["initContainers"] = [{"name": "prep", "image": "busybox"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            **({"annotations": {ANNOTATION: text}} if text is not None else {}),
+        },
+        "spec": spec,
+    }
+
+
+def statefulset(text: str, replicas: int = 1, scheduler: str = SCHEDULERS["cuda"]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "w"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "w",
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {
+                "metadata": {"labels": {"app": "w"}, "annotations": {ANNOTATION: text}},
+                "spec": {"schedulerName": scheduler, "containers": [{"name": "main", "image": "busybox"}]},
+            },
+        },
+    }
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec") or {}
+    return [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+
+
+def gpu_env(container: dict[str, Any]) -> dict[str, str | None]:
+    return {k: v for k, v in plain_env(container).items() if k in GPU_VARIABLES}
+
+
+def expected_gpu_env(text: str, ordinal: str, mode: InjectionMode) -> dict[str, str] | None:
+    """The variables every container must carry; None when the parser refuses the map."""
+    try:
+        smap = parse(text)
+    except MapError:
+        return None
+    entry = smap.get(int(ordinal))
+    return dict(desired_env(entry, mode)) if entry is not None else {}
+
+
+def disagreement(text: str, ordinal: str, mode: InjectionMode, answer: Answer, sent: dict[str, Any]) -> str:
+    """Why ``answer`` is not what the parser says (empty when it is)."""
+    want = expected_gpu_env(text, ordinal, mode)
+    if want is None:
+        if not answer.allowed:
+            return ""
+        got = [gpu_env(c) for c in containers(answer.obj)]
+        return f"refused by the parser but admitted with {got}" if any(got) else ""
+    if not answer.allowed:
+        return f"accepted by the parser ({want}) but refused: {answer.message}"
+    for before, after in zip(containers(sent), containers(answer.obj), strict=True):
+        got = gpu_env(after)
+        # A variable the pod set itself and the policy does not: left as it was.
+        kept = {k: v for k, v in gpu_env(before).items() if k not in want}
+        if got != {**kept, **want}:
+            return f"container {after['name']}: {got}, expected {want}"
+        others = {k: v for k, v in plain_env(after).items() if k not in GPU_VARIABLES}
+        if others != {k: v for k, v in plain_env(before).items() if k not in GPU_VARIABLES}:
+            return f"container {after['name']}: other variables changed: {others}"
+    return ""
+
+
+# -- the policies ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def apiserver(cluster: Cluster) -> Iterator[Apiserver]:
+    namespace = f"inj-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.wait_until(
+        lambda: (
+            cluster.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
+        ),
+        timeout=60,
+        what=f"ServiceAccount {namespace}/default",
+    )
+    objects: list[dict[str, Any]] = []
+    for mode, scheduler in SCHEDULERS.items():
+        values = {
+            "webhook": {"enabled": False, "injectionMode": mode},
+            "injection": {"mode": "policy"},
+            "scheduler": {"name": scheduler},
+        }
+        rendered = render_chart(cluster, f"inj-{mode}", "gpu-system", values)
+        objects += [d for d in rendered if d["kind"] in POLICY_KINDS]
+    assert sorted({d["kind"] for d in objects}) == sorted(POLICY_KINDS)
+    # The apiserver refuses a policy whose expressions do not compile or cost too much.
+    cluster.apply(objects)
+    api = cluster.api_client()
+    server = Apiserver(cluster, namespace, api)
+    # Policies take effect a moment after they are created.
+    good, bad = "0=node1:1\n", "0=node1:x\n"
+    cluster.wait_until(
+        lambda: all(
+            gpu_env(server.create(pod(good, "0", s)).obj["spec"]["containers"][0]) != {}
+            and not server.create(pod(bad, "0", s)).allowed
+            for s in SCHEDULERS.values()
+        ),
+        timeout=60,
+        what="the injection policies in effect",
+    )
+    try:
+        yield server
+    finally:
+        api.close()
+        for obj in objects:
+            cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+# -- the rules table -------------------------------------------------------------------------------
+
+
+def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
+    from localcluster.admission import admission_review
+    from tests.unit import test_rules_table as table
+    from webhook.app import create_app
+    from webhook.settings import Settings
+
+    app = create_app(Settings(scheduler_name=table.OURS), node_lookup=table.Nodes(table.NODES)).test_client()
+    node_reasons = {"NodeNotFound", "NoGPUResource", "GPUOutOfRange"}
+    problems = []
+    for case in table.CASES:
+        sent_pod = table.pod_of(case)
+        sent_sts = table.statefulset(case)
+        for obj in (sent_pod, sent_sts):
+            obj["metadata"].pop("namespace", None)
+            obj["metadata"].pop("uid", None)
+        path_kind = (("/mutate", "Pod", sent_pod), ("/validate", "StatefulSet", sent_sts))
+        for path, kind, obj in path_kind:
+            review = admission_review(obj, kind=kind, uid="u")  # type: ignore[arg-type]
+            webhook = app.post(path, json=review).get_json()["response"]
+            answer = apiserver.create(obj)
+            where = f"{case.id} {kind}"
+            if webhook["allowed"] != answer.allowed:
+                problems.append(
+                    f"{where}: webhook allowed={webhook['allowed']}, policy {answer.message or 'allowed'}"
+                )
+                continue
+            if not answer.allowed:
+                continue
+            if kind == "Pod":
+                want = webhook_env(obj, webhook.get("patch"))
+                got = [gpu_env(c) for c in containers(answer.obj)]
+                if got != want:
+                    problems.append(f"{where}: policy gave {got}, the webhook {want}")
+            warned = [w for w in webhook.get("warnings") or [] if not any(r in w for r in node_reasons)]
+            if case.reason in node_reasons:
+                warned = []
+            # The release of the other device mode warns about pods of its own scheduler only.
+            ours = [w for w in answer.warnings if f"'inj-cuda-{FULLNAME}" in w]
+            if bool(warned) != bool(ours):
+                problems.append(f"{where}: webhook warnings {warned}, policy warnings {ours}")
+    assert not problems, "\n".join(problems)
+
+
+def webhook_env(pod_obj: dict[str, Any], patch: str | None) -> list[dict[str, str | None]]:
+    """The GPU variables of each container once the webhook's JSONPatch is applied."""
+    import base64
+    import copy
+
+    obj = copy.deepcopy(pod_obj)
+    for op in json.loads(base64.b64decode(patch)) if patch else []:
+        *parents, last = op["path"].strip("/").split("/")
+        target: Any = obj
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list):
+            if op["op"] == "add":
+                target.insert(int(last), op["value"])
+            else:
+                target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+    return [gpu_env(c) for c in containers(obj)]
+
+
+# -- 10,000 generated maps -------------------------------------------------------------------------
+
+
+def requests_for(index: int, text: str, r: random.Random) -> list[tuple[str, InjectionMode, dict[str, Any]]]:
+    """The pods to create for one map: each with (its ordinal, its device mode)."""
+    mode: InjectionMode = "cuda" if index % 2 == 0 else "nvidia"
+    try:
+        ordinals = sorted(parse(text))
+    except MapError:
+        digits = re.search(r"[0-9]+", text)
+        ordinals = [int(digits.group()) % 10**6] if digits else [0]
+    picked = {ordinals[0], ordinals[-1], r.choice(ordinals)}
+    missing = next(o for o in (ordinals[-1] + 1, 0, 1, 2) if o not in ordinals)
+    labels = [str(o) for o in sorted(picked)] + [str(missing)]
+    if r.random() < 0.1:
+        labels.append("0" * r.randint(1, 3) + labels[0])  # the scheduler reads "007" as 7
+    out = []
+    for label in labels:
+        env = (
+            [{"name": "CUDA_VISIBLE_DEVICES", "value": "7"}, {"name": "OTHER", "value": "x"}]
+            if r.random() < 0.2
+            else None
+        )
+        out.append((label, mode, pod(text, label, SCHEDULERS[mode], init=r.random() < 0.3, env=env)))
+    return out
+
+
+def test_generated_maps_agree_with_the_parser(apiserver: Apiserver) -> None:
+    r = random.Random(SEED)
+    texts = list(corpus(SEED, GENERATED_MAPS))
+    work = [(text, *req) for i, text in enumerate(texts) for req in requests_for(i, text, r)]
+    started = time.monotonic()
+    answers = apiserver.create_all([obj for *_, obj in work])
+    elapsed = time.monotonic() - started
+    accepted = sum(1 for t in texts if expected_gpu_env(t, "0", "cuda") is not None)
+    print(
+        f"\n{len(texts)} maps ({accepted} accepted by the parser), {len(work)} pods: "
+        f"{elapsed:.1f} s, {1000 * elapsed / len(work):.2f} ms per admission ({THREADS} threads)"
+    )
+    wrong = [
+        f"{text!r} ordinal {label} ({mode}): {why}"
+        for (text, label, mode, sent), answer in zip(work, answers, strict=True)
+        if (why := disagreement(text, label, mode, answer, sent))
+    ]
+    assert not wrong, f"{len(wrong)} disagreements, the first ones:\n" + "\n".join(wrong[:20])
+
+
+def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apiserver) -> None:
+    texts = list(corpus(SEED + 1, 2_000))
+    answers = apiserver.create_all([statefulset(t) for t in texts])
+    wrong = []
+    for text, answer in zip(texts, answers, strict=True):
+        try:
+            parse(text)
+        except MapError as err:
+            first = err.problems[0]
+            if answer.allowed:
+                wrong.append(f"{text!r}: refused by the parser ({err}) but admitted")
+            elif first.line and f"line {first.line}: " not in answer.message and err.count == 1:
+                wrong.append(f"{text!r}: the parser says {err}; the policy: {answer.message}")
+            continue
+        if not answer.allowed:
+            wrong.append(f"{text!r}: accepted by the parser but refused: {answer.message}")
+    assert not wrong, f"{len(wrong)} disagreements, the first ones:\n" + "\n".join(wrong[:20])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0=node1:x\n", "line 1: GPU index 'x' is not a non-negative integer (in '0=node1:x')"),
+        (
+            "0=node1:0\n1 node2:1\n",
+            "line 2: expected ORDINAL=NODE:GPU[,GPU...], found no '=' (in '1 node2:1')",
+        ),
+        ("0=node1:0; 1=node2\n", "line 1: expected NODE:GPU[,GPU...] after '=', found no ':' (in '1=node2')"),
+        ("# c\n\n0=Node1:0\n", "line 3: node name 'Node1' is not a valid Kubernetes node name"),
+        ("0=node1:0\n1=node2:1024\n", "line 2: GPU index 1024 is larger than 1023 (in '1=node2:1024')"),
+        ("0=node1:0\n1000001=node2:1\n", "line 2: ordinal 1000001 is larger than 1000000"),
+        ("0=node1:0,0\n", "line 1: GPU 0 is listed twice in this entry (in '0=node1:0,0')"),
+        (
+            "0=node1:0\n1=node2:1\n01=node2:2\n",
+            "line 3: ordinal 1 is already mapped on line 2 (1=node2:1) (in '01=node2:2')",
+        ),
+        (
+            "0=node1:0\n1=node1:1,0\n",
+            "line 2: node1:0 is already given to ordinal 0 on line 1 (in '1=node1:1,0')",
+        ),
+        ("# nothing\n", "line 1: the map has no entries"),
+        ("0=node1:0,\n", "line 1: empty GPU index (stray ',') (in '0=node1:0,')"),
+        ("0=node1:\n", "line 1: no GPU index given for node 'node1' (in '0=node1:')"),
+        ("x=node1:0\n", "line 1: ordinal 'x' is not a non-negative integer (in 'x=node1:0')"),
+    ],
+)
+def test_the_refusal_names_the_line_and_the_problem(apiserver: Apiserver, text: str, message: str) -> None:
+    with pytest.raises(MapError) as parsed:
+        parse(text)
+    assert str(parsed.value).startswith(message), "the expected message is the parser's"
+    for obj in (statefulset(text), pod(text, "0")):
+        answer = apiserver.create(obj)
+        assert not answer.allowed
+        assert message in answer.message, answer.message
+
+
+# -- the maximum size ------------------------------------------------------------------------------
+
+
+def admission_time(apiserver: Apiserver, obj: dict[str, Any], rounds: int = 10) -> float:
+    started = time.monotonic()
+    for _ in range(rounds):
+        apiserver.create(obj)
+    return (time.monotonic() - started) / rounds
+
+
+def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver) -> None:
+    limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
+    largest = large_map(limit)
+    maps = {
+        "3 entries": "".join(largest.splitlines(keepends=True)[:3]),
+        "3,000 entries": "".join(largest.splitlines(keepends=True)[:3000]),
+        "256 KiB": largest,
+    }
+    smap = parse(largest)
+    print()
+    for label, text in maps.items():
+        last = str(max(parse(text)))
+        for mode, scheduler in SCHEDULERS.items():
+            for ordinal in ("0", last):
+                sent = pod(text, ordinal, scheduler, init=True)
+                answer = apiserver.create(sent)
+                assert not disagreement(text, ordinal, mode, answer, sent), (label, answer.message)
+        sts = apiserver.create(statefulset(text, replicas=len(parse(text))))
+        assert sts.allowed, (label, sts.message)
+        assert not [w for w in sts.warnings if f"'inj-cuda-{FULLNAME}" in w], (label, sts.warnings)
+        rounds = 10 if len(text) < 1000 else 2
+        per_pod = admission_time(apiserver, pod(text, last), rounds)
+        per_sts = admission_time(apiserver, statefulset(text, replicas=len(parse(text))), rounds)
+        print(
+            f"{label} ({len(text.encode())} bytes): pod {1000 * per_pod:.1f} ms, StatefulSet {1000 * per_sts:.1f} ms"
+        )
+    assert len(smap) > 6000
+
+
+def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver) -> None:
+    """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits."""
+    limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
+    text = large_map(limit - 40)
+    lines = text.count("\n")
+    for broken, problem in (
+        # Past 400 entries duplicates are found by a map insertion, which names the key only.
+        (text + "0=node1:0\n", "insert failed: key 0 already exists"),
+        (
+            text + "999999=gpu-node-0.example.com:3\n",
+            "insert failed: key gpu-node-0.example.com:3 already exists",
+        ),
+        (text + "9=x:1,\n", f"line {lines + 1}: empty GPU index"),
+        # Past 32 KiB only a problem of shape is named (each messageExpression costs a second
+        # evaluation on every request); the others get the policy's message.
+        (text + "7=node1:5000\n", "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU[,GPU...] entries"),
+    ):
+        for obj in (pod(broken, "0"), statefulset(broken)):
+            answer = apiserver.create(obj)
+            assert not answer.allowed
+            assert problem in answer.message, answer.message[:500]

@@ -1,0 +1,177 @@
+"""Seeded ``gpu-scheduling-map`` texts for agreement tests: maps the parser accepts, written in
+every form the grammar allows, and near misses it refuses.
+
+:func:`corpus` yields ``count`` texts from one seed (the same texts for the same seed):
+
+* valid maps of 1-40 entries, each written differently: whitespace around every token (spaces,
+  tabs, and what else ``str.isspace()`` accepts: NBSP, EM SPACE, ``\\v``, ``\\f``, ``\\x1c``...),
+  ``;``-separated entries, ``#`` comments holding ``;``, ``=`` and entries, blank lines, CRLF,
+  leading zeros, entries in any order;
+* the same maps with one mistake: a duplicate ordinal, a GPU listed twice, a GPU given to two
+  ordinals, a huge ordinal or GPU index, non-ASCII digits, an invalid node name, a missing
+  ``=`` or ``:``, a stray ``,``, a character that is not whitespace to the parser (ZERO WIDTH
+  SPACE), no entry at all;
+* random strings over the grammar's alphabet (most refused, some accepted).
+
+:func:`large_map` writes a valid map of about ``size`` bytes (up to the 256 KiB the apiserver
+allows for all of an object's annotations).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from gpu_scheduling.schedmap import MAX_GPU_INDEX, MAX_ORDINAL
+
+PLAIN_SPACE = (" ", "\t", "  ", " \t")
+# Whitespace to str.isspace() besides the plain ones ("\r" ends CRLF lines).
+OTHER_SPACE = ("\u00a0", "\u2003", "\u3000", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\u2028", "\u202f", "\r")
+# Not whitespace to the parser.
+NOT_SPACE = ("\u200b", "\u180e", "\ufeff")
+NON_ASCII_DIGITS = ("\u0663", "\uff13", "\u00b2", "\u0967")
+NODES = ("node1", "node2", "gpu-node-17.example.com", "a", "n-0.b-1", "x9", "0.0")
+BAD_NODES = ("Node1", "node_1", "-node", "node-", "a..b", "a.-b", ".a", "a" * 254, "nöde", "a/b")
+COMMENTS = ("# comment", "#", "# 0=node1:0;1=node2:1", "#;;==::", "# ünïcödé ✓", "# 7=a:1,2 ; # x")
+
+
+def _space(r: random.Random, exotic: bool) -> str:
+    roll = r.random()
+    if roll < 0.55:
+        return ""
+    if exotic and roll < 0.75:
+        return r.choice(OTHER_SPACE)
+    return r.choice(PLAIN_SPACE)
+
+
+def _num(r: random.Random, n: int) -> str:
+    return ("0" * r.randint(1, 3) if r.random() < 0.15 else "") + str(n)
+
+
+def _entries(r: random.Random, count: int) -> list[tuple[int, str, list[int]]]:
+    ordinals = r.sample(range(0, 40 if r.random() < 0.8 else MAX_ORDINAL + 1), count)
+    free: dict[str, list[int]] = {}
+    out = []
+    for o in ordinals:
+        node = r.choice(NODES)
+        pool = free.setdefault(node, r.sample(range(0, 16 if r.random() < 0.9 else MAX_GPU_INDEX + 1), 16))
+        if not pool:
+            node = f"n{o}"
+            pool = free.setdefault(node, list(range(8)))
+        take = min(len(pool), r.randint(1, 4))
+        gpus, free[node] = pool[:take], pool[take:]
+        out.append((o, node, gpus))
+    return out
+
+
+def _render(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic: bool) -> str:
+    def sp() -> str:
+        return _space(r, exotic)
+
+    chunks = [
+        f"{sp()}{_num(r, o)}{sp()}={sp()}{node}{sp()}:{sp()}"
+        + ",".join(f"{sp()}{_num(r, g)}{sp()}" for g in gpus)
+        + sp()
+        for o, node, gpus in entries
+    ]
+    lines: list[str] = []
+    while chunks:
+        take = 1 if r.random() < 0.7 else r.randint(1, 3)
+        line = ";".join(chunks[:take]) + (";" if r.random() < 0.1 else "")
+        chunks = chunks[take:]
+        if r.random() < 0.2:
+            line += sp() + r.choice(COMMENTS)
+        lines.append(line)
+        if r.random() < 0.1:
+            lines.append(r.choice(("", sp(), r.choice(COMMENTS))))
+    if r.random() < 0.2:
+        lines.insert(0, r.choice(COMMENTS))
+    newline = "\r\n" if r.random() < 0.15 else "\n"
+    return newline.join(lines) + (newline if r.random() < 0.7 else "")
+
+
+def _break(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic: bool) -> str:
+    """A rendering of ``entries`` with one mistake the parser refuses."""
+    entries = [(o, n, list(g)) for o, n, g in entries]
+    o, node, gpus = entries[0]
+    kind = r.randrange(14)
+    if kind == 0:  # a duplicate ordinal
+        entries.append((o, "other-node", [0]))
+    elif kind == 1:  # a GPU listed twice in one entry
+        entries[0] = (o, node, [*gpus, gpus[0]])
+    elif kind == 2:  # a GPU given to two ordinals
+        entries.append((max(e[0] for e in entries) + 1, node, [gpus[-1]]))
+    elif kind == 3:
+        entries[0] = (r.choice((MAX_ORDINAL + 1, 10**7, 10**30, 2**63)), node, gpus)
+    elif kind == 4:
+        entries[0] = (o, node, [*gpus[:-1], r.choice((MAX_GPU_INDEX + 1, 2000, 10**30))])
+    elif kind == 5:
+        entries[0] = (o, r.choice(BAD_NODES), gpus)
+    text = _render(r, entries, exotic)
+    if kind <= 5:
+        return text
+    line, rest = text.split("\n", 1) if "\n" in text else (text, "")
+    if kind == 6:
+        bad = f"{o}{r.choice(NON_ASCII_DIGITS)}={node}:{gpus[0]}"
+    elif kind == 7:
+        bad = f"{o}={node}:{r.choice(NON_ASCII_DIGITS)}"
+    elif kind == 8:
+        bad = r.choice((f"{o} {node}:{gpus[0]}", f"{node}:{gpus[0]}", "garbage"))
+    elif kind == 9:
+        bad = r.choice((f"{o}={node} {gpus[0]}", f"{o}={node}", f"{o}=:"))
+    elif kind == 10:
+        bad = r.choice(
+            (f"{o}={node}:{gpus[0]},", f"{o}={node}:,{gpus[0]}", f"{o}={node}:", f"{o}=:{gpus[0]}")
+        )
+    elif kind == 11:
+        bad = f"{o}={node}:{r.choice(NOT_SPACE)}{gpus[0]}"
+    elif kind == 12:
+        return r.choice(("", " ", "\n", "# only a comment\n", ";;\n", " ; \r\n# x=y:1\n"))
+    else:
+        bad = r.choice((f"x={node}:0", f"-1={node}:0", f"+1={node}:0", f"1.0={node}:0", f"{o}={node}:0x1"))
+    where = r.randrange(3)
+    if where == 0:
+        return f"{bad}\n{text}"
+    if where == 1:
+        return f"{line};{bad}\n{rest}" if "#" not in line else f"{bad}\n{text}"
+    return f"{text}{'' if text.endswith(chr(10)) or not text else chr(10)}{bad}\n"
+
+
+ALPHABET = "0123456789=:,;#\n \t\r-.an"
+
+
+def _soup(r: random.Random) -> str:
+    return "".join(r.choice(ALPHABET) for _ in range(r.randint(0, 40)))
+
+
+def corpus(seed: int, count: int) -> Iterator[str]:
+    """``count`` map texts: about half valid, the rest near misses and random strings."""
+    r = random.Random(seed)
+    for _ in range(count):
+        exotic = r.random() < 0.3
+        entries = _entries(r, r.randint(1, 6) if r.random() < 0.8 else r.randint(7, 40))
+        roll = r.random()
+        if roll < 0.5:
+            yield _render(r, entries, exotic)
+        elif roll < 0.9:
+            yield _break(r, entries, exotic)
+        else:
+            yield _soup(r)
+
+
+def large_map(size: int, *, comment: str = "") -> str:
+    """A valid map of at most ``size`` UTF-8 bytes and as close to it as lines allow:
+    ``N=gpu-node-K.example.com:0,1,2,3`` lines, 4 GPUs per ordinal, 2 ordinals per node;
+    ``comment`` (when given) ends every line."""
+    lines: list[str] = []
+    used = 0
+    o = 0
+    while True:
+        line = f"{o}=gpu-node-{o // 2}.example.com:{(o % 2) * 4},{(o % 2) * 4 + 1},{(o % 2) * 4 + 2},{(o % 2) * 4 + 3}{comment}\n"
+        cost = len(line.encode())
+        if used + cost > size:
+            break
+        lines.append(line)
+        used += cost
+        o += 1
+    return "".join(lines)
