@@ -41,50 +41,29 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
         tp = {arm: _med([r.throughput for r in runs_of(results, arm, plan.key)]) for arm in ARMS}
         p99 = {arm: _med([r.p99 for r in runs_of(results, arm, plan.key)]) for arm in ARMS}
         big = plan.nodes >= 1000 and plan.pods >= 3000
-        rows += [
-            (
-                "throughput E/C (gpu-scheduler / raw Binding, both on existing pods)",
-                plan.label,
-                _ratio(tp["E"], tp["C"]),
-                ">= 0.8",
-            ),
-            (
-                "throughput A/L (gpu-scheduler / raw Binding, both while created)",
-                plan.label,
-                _ratio(tp["A"], tp["L"]),
-                ">= 0.8",
-            ),
-            (
-                "throughput A/C (A while created / C on existing pods: unlike clocks)",
-                plan.label,
-                _ratio(tp["A"], tp["C"]),
-                "",
-            ),
+        # (what, which medians, numerator arm, denominator arm, target)
+        specs = [
+            ("throughput E/C (gpu-scheduler / raw Binding, both on existing pods)", tp, "E", "C", ">= 0.8"),
+            ("throughput A/L (gpu-scheduler / raw Binding, both while created)", tp, "A", "L", ">= 0.8"),
+            ("throughput A/C (A while created / C on existing pods: unlike clocks)", tp, "A", "C", ""),
             (
                 "throughput A/B (gpu-scheduler / kube-scheduler at its client's default 50 QPS)",
-                plan.label,
-                _ratio(tp["A"], tp["B"]),
+                tp,
+                "A",
+                "B",
                 ">= 1.5" if big else "",
             ),
-            (
-                "p99 create-to-bound A/B (lower is better)",
-                plan.label,
-                _ratio(p99["A"], p99["B"]),
-                "<= 1.0" if big else "",
-            ),
+            ("p99 create-to-bound A/B (lower is better)", p99, "A", "B", "<= 1.0" if big else ""),
             (
                 "throughput A/B2 (gpu-scheduler / kube-scheduler with its client limits raised)",
-                plan.label,
-                _ratio(tp["A"], tp["B2"]),
+                tp,
+                "A",
+                "B2",
                 ">= 1.0",
             ),
-            (
-                "p99 create-to-bound A/B2 (lower is better)",
-                plan.label,
-                _ratio(p99["A"], p99["B2"]),
-                "<= 1.0",
-            ),
+            ("p99 create-to-bound A/B2 (lower is better)", p99, "A", "B2", "<= 1.0"),
         ]
+        rows += [(what, plan.label, _ratio(m[x], m[y]), target) for what, m, x, y, target in specs]
     smallest = min(scale.webhook_maps)
     for entries in scale.webhook_maps:
         on = _med([r.throughput for r in runs_of(results, "W+", f"map{entries}")])
