@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpu_scheduling.kube.errors import ApiError, api_status, error_message
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.podinfo import ordinal_of
-from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding
+from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding, gpus_in_use
 from gpu_scheduling.schedmap import ANNOTATION, MapError, parse_cached
 from scheduler.binding import PodWriter
 from scheduler.events import EventRecorder
@@ -53,56 +53,76 @@ class RolloutEvictions:
         writer: PodWriter,
         events: EventRecorder,
         pod_of: Callable[[str], Mapping[str, Any] | None],
+        holders: Callable[[str, Iterable[int], str | None], list[tuple[int, str]]],
     ) -> None:
         self._writer = writer
         self._events = events
         self._pod_of = pod_of  # the pods cache: holders of a GPU are our pods
+        self._holders = holders  # the ledger: (gpu, "ns/name") holding GPUs of a node
         self._lock = threading.Lock()
         self._evicted: dict[str, None] = {}  # holder UIDs already evicted (insertion order)
 
     def make_room(self, pod: Mapping[str, Any], decision: Decision) -> Decision:
-        """``decision`` (refused with GPUInUse), each GPUInUse note telling what happens to its
-        holder: evicted for the rollout, being deleted, or why it stays."""
-        owner = Pod(pod).owner
-        if owner is None or owner.get("kind") != "StatefulSet" or decision.entry is None:
+        """``decision`` (refused with GPUInUse first), each GPUInUse note telling what happens to
+        its holder: evicted for the rollout, being deleted, or why it stays.
+
+        The holders come from the ledger, the StatefulSet from one GET, made only when the cache
+        shows a holder of the same StatefulSet (the rare case: a rollout)."""
+        view, entry = Pod(pod), decision.entry
+        owner = view.owner
+        if owner is None or owner.get("kind") != "StatefulSet" or entry is None:
             return decision
-        if not any(r.reason == GPU_IN_USE for r in decision.refusals):
+        held = sorted(self._holders(entry.node, entry.gpus, view.uid))
+        if not held:
             return decision
-        namespace = Pod(pod).namespace or ""
+        sts: Mapping[str, Any] | None = None
+        notes = []
+        for gpu, key in held:
+            holder = self._pod_of(key)
+            if holder is None:
+                notes.append("the holder is not one of this scheduler's pods; it must end or move first")
+            elif (Pod(holder).owner or {}).get("uid") != owner.get("uid"):
+                notes.append(
+                    f"it belongs to another workload, not to StatefulSet {owner.get('name')}: gpu-scheduler "
+                    "evicts only an outdated replica of the waiting pod's own StatefulSet; change one of the "
+                    f"two maps, or delete pod {key}"
+                )
+            else:
+                sts = sts if sts is not None else self._statefulset(view.namespace or "", owner)
+                notes.append(self._holder(pod, sts, holder, entry.node, gpu, key) if sts else "")
+        found = [
+            Finding(f.reason, f"{f.message}: {note}" if note else f.message)
+            for f, note in zip(gpus_in_use(entry, held), notes, strict=True)
+        ]
+        others = tuple(r for r in decision.refusals if r.reason != GPU_IN_USE)
+        return Decision(decision.ordinal, entry, (*found, *others), decision.warnings)
+
+    def _statefulset(self, namespace: str, owner: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The pod's StatefulSet as the API has it now ({}: gone, replaced, unreadable)."""
         try:
             sts = self._writer.read_statefulset(namespace, str(owner.get("name")))
         except Exception as err:
             log.warning(
-                "cannot read the pod's StatefulSet", extra={"pod": Pod(pod).key, "error": error_message(err)}
+                "cannot read a StatefulSet", extra={"name": owner.get("name"), "error": error_message(err)}
             )
-            return decision
+            return {}
         if sts is None or (sts.get("metadata") or {}).get("uid") != owner.get("uid"):
-            return decision
-        refusals = tuple(
-            Finding(r.reason, f"{r.message}: {self._holder(pod, sts, r.message)}")
-            if r.reason == GPU_IN_USE
-            else r
-            for r in decision.refusals
-        )
-        return Decision(decision.ordinal, decision.entry, refusals, decision.warnings)
+            return {}
+        return sts
 
-    def _holder(self, pod: Mapping[str, Any], sts: Mapping[str, Any], message: str) -> str:
-        """What happens to the holder named in one GPUInUse message ("GPU n:g is held by pod ns/x")."""
-        gpu_text, _, key = message.partition(" is held by pod ")
-        node, _, gpu = gpu_text.removeprefix("GPU ").rpartition(":")
-        holder = self._pod_of(key)
+    def _holder(
+        self,
+        pod: Mapping[str, Any],
+        sts: Mapping[str, Any],
+        holder: Mapping[str, Any],
+        node: str,
+        gpu: int,
+        key: str,
+    ) -> str:
+        """What happens to ``holder``, a replica of the waiting pod's own StatefulSet ``sts``."""
         name = str((sts.get("metadata") or {}).get("name"))
-        if holder is None:
-            return "the holder is not one of this scheduler's pods; it must end or move first"
         view, status = Pod(holder), sts.get("status") or {}
         update = status.get("updateRevision")
-        same_set = (view.owner or {}).get("uid") == (sts.get("metadata") or {}).get("uid")
-        if not same_set:
-            return (
-                f"it belongs to another workload, not to StatefulSet {name}: gpu-scheduler evicts only "
-                "an outdated replica of the waiting pod's own StatefulSet; change one of the two maps, "
-                f"or delete pod {key}"
-            )
         have = view.labels.get(REVISION_LABEL)
         if not update or Pod(pod).labels.get(REVISION_LABEL) != update:
             return f"the waiting pod is not of StatefulSet {name}'s update revision ({update}): nothing is evicted for it"
@@ -131,7 +151,7 @@ class RolloutEvictions:
         return self._evict(holder, key, name, have, update)
 
     @staticmethod
-    def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: str) -> bool:
+    def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: int) -> bool:
         text = (
             (((sts.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
         ).get(ANNOTATION)
@@ -141,7 +161,7 @@ class RolloutEvictions:
             entry = parse_cached(text).get(ordinal)
         except MapError:
             return True
-        return entry is not None and entry.node == node and gpu.isdigit() and int(gpu) in entry.gpus
+        return entry is not None and entry.node == node and gpu in entry.gpus
 
     def _evict(self, holder: Mapping[str, Any], key: str, name: str, have: str | None, update: str) -> str:
         uid = Pod(holder).uid or ""

@@ -2,7 +2,7 @@
 (scheduler/rollout.py), on the real apiserver with the StatefulSet controller and kwok nodes.
 
 No GPU is ever held by two pods: a sampler reads every pod of the namespace through the API
-about twenty times a second during the whole transition (a terminating pod still holds its GPUs) and
+continuously (a list every ~10 ms) during the whole transition (a terminating pod still holds its GPUs) and
 collects any node:GPU claimed by two bound pods at once.
 """
 
@@ -65,7 +65,7 @@ class HolderSampler(threading.Thread):
                     if (node, gpu) in held:
                         self.violations.append(f"{node}:{gpu} held by {held[(node, gpu)]} and {who}")
                     held[(node, gpu)] = who
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def stop(self) -> None:
         self._stop_evt.set()

@@ -51,8 +51,10 @@ class Writer:
         self.statefulset = statefulset
         self.fail = fail
         self.evicted: list[str] = []
+        self.reads = 0
 
     def read_statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
         return self.statefulset
 
     def evict(self, pod: Mapping[str, Any]) -> None:
@@ -70,6 +72,11 @@ class Events:
         return True
 
 
+def holds(node: str, gpus: Any, exclude_uid: str | None = None) -> list[tuple[int, str]]:
+    """The ledger of these tests: ns/w-0 holds node1:3."""
+    return [(3, "ns/w-0")] if node == "node1" and 3 in gpus else []
+
+
 def waiting(holder: str = "ns/w-0") -> Decision:
     """Replica 1 of the new revision, mapped to node1:3, which ``holder`` holds."""
     return Decision(
@@ -84,7 +91,7 @@ def run(
 ) -> tuple[Decision, Writer, Events]:
     writer, events = Writer(statefulset if statefulset is not None else sts(), fail), Events()
     pods = {"ns/w-0": holder} if holder is not None else {}
-    rollout = RolloutEvictions(cast(PodWriter, writer), cast(EventRecorder, events), pods.get)
+    rollout = RolloutEvictions(cast(PodWriter, writer), cast(EventRecorder, events), pods.get, holds)
     return rollout.make_room(replica(1, "w-new"), waiting()), writer, events
 
 
@@ -99,7 +106,9 @@ def test_an_outdated_replica_whose_new_entry_moves_is_evicted_once() -> None:
     assert [(name, reason) for name, reason, _ in events.sent] == [("w-0", EVICTED_FOR_ROLLOUT)]
     assert "update revision w-new" in events.sent[0][2]
     # Asked again (the waiting pod's retry): not evicted twice.
-    rollout = RolloutEvictions(cast(PodWriter, writer), cast(EventRecorder, events), {"ns/w-0": holder}.get)
+    rollout = RolloutEvictions(
+        cast(PodWriter, writer), cast(EventRecorder, events), {"ns/w-0": holder}.get, holds
+    )
     rollout.make_room(replica(1, "w-new"), waiting())
     rollout.make_room(replica(1, "w-new"), waiting())
     assert writer.evicted == ["w-0", "w-0"]  # one per RolloutEvictions: the first run's, and this one's
@@ -166,6 +175,7 @@ def test_a_waiting_pod_of_an_older_revision_evicts_nobody() -> None:
         cast(PodWriter, writer),
         cast(EventRecorder, events),
         {"ns/w-0": replica(0, "w-old", node="node1")}.get,
+        holds,
     )
     decision = rollout.make_room(replica(1, "w-old"), waiting())
     assert writer.evicted == [] and "is not of StatefulSet w's update revision" in decision.message
@@ -175,5 +185,13 @@ def test_a_pod_without_a_statefulset_is_left_as_it_was() -> None:
     pod = replica(1, "w-new")
     pod["metadata"]["ownerReferences"] = []
     writer, events = Writer(sts()), Events()
-    rollout = RolloutEvictions(cast(PodWriter, writer), cast(EventRecorder, events), {}.get)
+    rollout = RolloutEvictions(cast(PodWriter, writer), cast(EventRecorder, events), {}.get, holds)
     assert rollout.make_room(pod, waiting()) == waiting()
+
+
+def test_the_statefulset_is_read_only_when_a_holder_is_of_the_same_one() -> None:
+    """Two workloads trading GPUs retry with backoff: no API read for what the caches answer."""
+    _, writer, _ = run(replica(0, "w-old", node="node1", owner_uid="other"))
+    assert writer.reads == 0
+    _, writer, _ = run(replica(0, "w-old", node="node1"))
+    assert writer.reads == 1
