@@ -128,29 +128,26 @@ def _roll(
     return took
 
 
-def test_a_swap_of_two_replicas_gpus_rolls_out_by_itself(
-    cluster: Cluster, namespace: str, kube: Any, scheduler: ManagedProcess
+@pytest.mark.parametrize(
+    ("before", "after", "want"),
+    [
+        ("0=node1:3\n1=node2:3", "0=node2:3\n1=node1:3", {"w-0": "node2", "w-1": "node1"}),
+        (
+            "0=node1:2\n1=node2:2\n2=node3:2",
+            "0=node2:2\n1=node3:2\n2=node1:2",
+            {"w-0": "node2", "w-1": "node3", "w-2": "node1"},
+        ),
+    ],
+    ids=["swap", "three-way-rotation"],
+)
+def test_a_map_edit_moving_gpus_between_replicas_rolls_out_by_itself(
+    cluster: Cluster,
+    namespace: str,
+    kube: Any,
+    scheduler: ManagedProcess,
+    before: str,
+    after: str,
+    want: dict[str, str],
 ) -> None:
-    took = _roll(
-        cluster,
-        namespace,
-        kube,
-        "0=node1:3\n1=node2:3",
-        "0=node2:3\n1=node1:3",
-        {"w-0": "node2", "w-1": "node1"},
-    )
-    print(f"swap rolled out in {took:.1f} s")
-
-
-def test_a_three_way_rotation_rolls_out_by_itself(
-    cluster: Cluster, namespace: str, kube: Any, scheduler: ManagedProcess
-) -> None:
-    took = _roll(
-        cluster,
-        namespace,
-        kube,
-        "0=node1:2\n1=node2:2\n2=node3:2",
-        "0=node2:2\n1=node3:2\n2=node1:2",
-        {"w-0": "node2", "w-1": "node3", "w-2": "node1"},
-    )
-    print(f"3-way rotation rolled out in {took:.1f} s")
+    took = _roll(cluster, namespace, kube, before, after, want)
+    print(f"{len(want)} replicas rolled out in {took:.1f} s")
