@@ -81,7 +81,11 @@ class RolloutEvictions:
             holder = self._pod_of(key)
             if holder is None:
                 notes.append("the holder is not one of this scheduler's pods; it must end or move first")
-            elif (Pod(holder).owner or {}).get("uid") != owner.get("uid"):
+            elif (Pod(holder).owner or {}).get("uid") != owner.get("uid") or Pod(
+                holder
+            ).namespace != view.namespace:
+                # An ownerReference is its writer's claim: a pod elsewhere naming this
+                # StatefulSet's UID is not one of its replicas.
                 notes.append(
                     f"it belongs to another workload, not to StatefulSet {owner.get('name')}: gpu-scheduler "
                     "evicts only an outdated replica of the waiting pod's own StatefulSet; change one of the "

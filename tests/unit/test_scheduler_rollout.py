@@ -195,3 +195,10 @@ def test_the_statefulset_is_read_only_when_a_holder_is_of_the_same_one() -> None
     assert writer.reads == 0
     _, writer, _ = run(replica(0, "w-old", node="node1"))
     assert writer.reads == 1
+
+
+def test_a_pod_of_another_namespace_claiming_the_statefulset_is_never_evicted() -> None:
+    forged = replica(0, "w-old", node="node1")
+    forged["metadata"]["namespace"] = "elsewhere"
+    decision, writer, _ = run(forged)
+    assert writer.evicted == [] and "belongs to another workload" in decision.message
