@@ -939,6 +939,46 @@ class Cluster:
 
         self.wait_until(ready, timeout, f"node {name} Ready")
 
+    def cut_off_node(self, name: str) -> None:
+        """Kwok node ``name``'s kubelet stops answering, as in a network partition: kwok stops
+        playing it (no status, no lease renewal; its pods are left as they are, so a pod deleted
+        there stays Terminating), and its Ready condition turns Unknown as the node lifecycle
+        controller writes it once ``--node-monitor-grace-period`` (50 s) passes without a
+        heartbeat, written at once here. The controller then taints the node unreachable
+        (NoSchedule, NoExecute) and evicts its pods after their ``tolerationSeconds``.
+
+        kwok keeps playing a node it has seen even when the node stops matching its annotation
+        selector, so it is restarted (it lists the nodes again, without this one): a second or
+        two without kwok, nothing a kwok node notices (leases last 40 s).
+        """
+        self.kubectl("annotate", "node", name, f"{KWOK_ANNOTATION}=cut-off", "--overwrite")
+        self._restart("kwok")
+        ready = {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+        }
+        patch = json.dumps({"status": {"conditions": [ready]}})
+        self.kubectl("patch", "node", name, "--subresource=status", "--type=strategic", "-p", patch)
+
+    def reconnect_node(self, name: str, timeout: float = 60) -> None:
+        """Undo :meth:`cut_off_node`: kwok plays the node again (it reports Ready, renews its lease,
+        finishes the deletions that waited) and the node lifecycle controller lifts its taints."""
+        self.kubectl("annotate", "node", name, f"{KWOK_ANNOTATION}=fake", "--overwrite")
+        # kwok takes up a node's lease only when it lists it (not on an update): restart it.
+        self._restart("kwok")
+        self.wait_node_ready(name, timeout)
+
+    def _restart(self, component: str) -> None:
+        proc = self.procs[component]
+        proc.stop()
+        proc.start()
+        if self.detached:
+            proc.detach()
+        if (self.workdir / "state.json").exists():
+            self._write_state()
+
     # ---------------------------------------------------------------- identities
     def service_account_kubeconfig(
         self, namespace: str, name: str, path: Path | None = None, duration: str = "2h"

@@ -36,6 +36,7 @@ from scheduler.events import EventRecorder
 from scheduler.health import SchedulerHealth
 from scheduler.leader import LeaderElector
 from scheduler.ledger import Ledger, pod_key
+from scheduler.lostnode import LostNodeReports, node_ready
 from scheduler.metrics import Metrics
 from scheduler.placement import Outcome, Placed, Placement
 from scheduler.pods import is_gated, is_pending, pod_signature
@@ -86,6 +87,7 @@ class Scheduler:
         self.waiting = WaitingIndex()
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self.report = Reporter(writer, events, self.metrics)
+        self.lost = LostNodeReports(events)
         self.rollout = RolloutEvictions(writer, events, self.pod, self.ledger.holders)
         self.placement = Placement(self.ledger, self.usage, writer, self.is_leader, self._requeue_nodes)
         self.refusals = KubeletRefusals(
@@ -181,9 +183,12 @@ class Scheduler:
             if refused_by_kubelet(pod) and (old is None or not refused_by_kubelet(old)):
                 self.refusals.observe(pod, self.nodes.get(Pod(pod).node_name or ""))
             self._clear(pod)
+            if Pod(pod).deleting:
+                self.lost.check(pod, self.nodes.get(Pod(pod).node_name or ""))
 
     def _pod_deleted(self, pod: Obj) -> None:
         self._clear(pod)
+        self.lost.forget(Pod(pod).uid)
         self._requeue_nodes(self.ledger.forget(pod))
         # Bound or only reserved (a Binding that never showed): it takes no room any more.
         self._requeue_nodes(self.usage.forget(Pod(pod).uid))
@@ -200,6 +205,12 @@ class Scheduler:
     def _node_updated(self, old: Obj, new: Obj) -> None:
         if node_signature(old) != node_signature(new):
             self._node_changed(new)
+        if node_ready(old) and not node_ready(new):
+            # Rare (a node lost): our pods already terminating there keep their GPUs; say so.
+            name = Node(new).name
+            for pod in self.pods.items():
+                if Pod(pod).node_name == name and Pod(pod).deleting:
+                    self.lost.check(pod, new)
 
     def relisted(self, resource: str) -> None:
         self.metrics.watch_relists.labels(resource).inc()

@@ -35,6 +35,7 @@ from gpu_scheduling.rules.catalogue import (
     REFUSED_BY_KUBELET,
     RULES,
     SCHEDULED,
+    TERMINATING_ON_NOT_READY_NODE,
 )
 from gpu_scheduling.rules.filters import (
     Decision,
@@ -109,6 +110,7 @@ from gpu_scheduling.rules.node import (
     NODE_NOT_FOUND,
     NODE_NOT_READY,
     NODE_UNSCHEDULABLE,
+    NOT_READY_TAINTS,
     TAINT_NOT_TOLERATED,
     UNSCHEDULABLE_TAINT,
     format_taint,
@@ -163,6 +165,7 @@ __all__ = [
     "NOT_A_CANDIDATE",
     "NOT_INJECTED",
     "NOT_LEADER",
+    "NOT_READY_TAINTS",
     "NOT_SYNCED",
     "NO_GPU_RESOURCE",
     "NO_MAP",
@@ -184,6 +187,7 @@ __all__ = [
     "SCHEDULER",
     "SCHEDULER_NAME_MISMATCH",
     "TAINT_NOT_TOLERATED",
+    "TERMINATING_ON_NOT_READY_NODE",
     "UNSCHEDULABLE_TAINT",
     "VALIDATE",
     "WARN",

@@ -45,6 +45,11 @@ NOT_A_CANDIDATE = "NotACandidate"
 # go on (the replica of the new revision waits for a GPU the outdated one holds).
 EVICTED_FOR_ROLLOUT = "EvictedForRollout"
 
+# The scheduler's Event on one of its pods that is terminating on a node that is not Ready: it
+# keeps its GPUs (and its StatefulSet makes no replacement) until the node comes back or the
+# operator force-deletes it (scheduler/lostnode.py).
+TERMINATING_ON_NOT_READY_NODE = "TerminatingOnNotReadyNode"
+
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
 
@@ -77,4 +82,5 @@ OTHER_REASONS = (
     NOT_A_CANDIDATE,
     ABSURD_LEASE_DURATION,
     EVICTED_FOR_ROLLOUT,
+    TERMINATING_ON_NOT_READY_NODE,
 )

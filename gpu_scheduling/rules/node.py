@@ -14,6 +14,9 @@ from gpu_scheduling.rules.framework import ON_NODE, ON_POD, REFUSE, WARN, Findin
 from gpu_scheduling.schedmap import Entry
 
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+# The taints the node lifecycle controller puts on a node whose Ready condition is False
+# (not-ready) or Unknown (unreachable): said once, as NodeNotReady, when the node is not Ready.
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NOT_READ = "the CLI does not read nodes; a Pod's admission does not look them up"
 LIVE = "node state that changes by the minute: checked when binding only"
@@ -102,31 +105,55 @@ def node_state_findings(
     """Node exists, is not cordoned, is Ready, its taints are tolerated."""
     where = f"replica {entry.ordinal} is mapped to {entry.node}:{entry.devices}"
     if node is None:
-        return [Finding(NODE_NOT_FOUND, f"node {entry.node!r} does not exist ({where})")]
+        return [
+            Finding(
+                NODE_NOT_FOUND,
+                f"node {entry.node!r} does not exist ({where}): the replica waits and is placed as soon "
+                f"as a node named {entry.node!r} registers (it was deleted, or has not joined yet); "
+                "or change the map",
+            )
+        ]
     refusals = []
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
-    if (node.get("spec") or {}).get("unschedulable") and not is_tolerated(
-        tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}
-    ):
+    cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+    if cordoned and not is_tolerated(tolerations, {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule"}):
         refusals.append(
-            Finding(NODE_UNSCHEDULABLE, f"node {entry.node!r} is cordoned (spec.unschedulable=true; {where})")
+            Finding(
+                NODE_UNSCHEDULABLE,
+                f"node {entry.node!r} is cordoned (spec.unschedulable=true; {where}): the map pins the "
+                f"replica to this node, so it waits; `kubectl uncordon {entry.node}` places it there, "
+                "nothing else to do",
+            )
         )
     ready = ready_condition(node)
+    not_ready = ready is None or ready.get("status") != "True"
     if ready is None:
-        refusals.append(Finding(NODE_NOT_READY, f"node {entry.node!r} has no Ready condition yet ({where})"))
-    elif ready.get("status") != "True":
+        refusals.append(
+            Finding(
+                NODE_NOT_READY,
+                f"node {entry.node!r} has no Ready condition yet ({where}): placed once its kubelet "
+                "reports Ready",
+            )
+        )
+    elif not_ready:
         detail = ": ".join(x for x in (ready.get("reason"), ready.get("message")) if x)
+        state = (
+            "unreachable: its kubelet stopped reporting" if ready.get("status") == "Unknown" else "not Ready"
+        )
         refusals.append(
             Finding(
                 NODE_NOT_READY,
                 f"node {entry.node!r} is not Ready (Ready={ready.get('status')}"
                 + (f", {detail}" if detail else "")
-                + f"; {where})",
+                + f"; {where}): the node is {state}; the replica waits and is placed once the node "
+                f"is Ready again (`kubectl describe node {entry.node}`)",
             )
         )
     for taint in untolerated_taints(node, tolerations):
-        if (node.get("spec") or {}).get("unschedulable") and taint.get("key") == UNSCHEDULABLE_TAINT:
+        if cordoned and taint.get("key") == UNSCHEDULABLE_TAINT:
             continue  # already said: cordoned
+        if not_ready and taint.get("key") in NOT_READY_TAINTS:
+            continue  # already said: not Ready (the node lifecycle controller's taint)
         refusals.append(
             Finding(
                 TAINT_NOT_TOLERATED,
