@@ -354,3 +354,23 @@ def test_node_signature_changes_only_with_what_the_checks_read() -> None:
     prefer = node("node2", taints=[{"key": "p", "effect": "PreferNoSchedule"}])
     assert rules.node_signature(base) == rules.node_signature(prefer)
     assert rules.node_signature(None) == ()
+
+
+def test_a_waiting_replica_s_refusal_says_the_way_out() -> None:
+    [gone] = rules.check_node(pod(), _entry(), None)
+    assert "placed as soon as a node named 'node2' registers" in gone.message
+    [cordoned] = rules.check_node(pod(), _entry(), node("node2", unschedulable=True))
+    assert "`kubectl uncordon node2` places it there" in cordoned.message
+    [lost] = rules.check_node(pod(), _entry(), node("node2", ready="Unknown"))
+    assert "unreachable: its kubelet stopped reporting" in lost.message
+    assert "placed once the node is Ready again" in lost.message
+
+
+@pytest.mark.parametrize("key", ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"])
+def test_the_node_lifecycle_taints_of_a_node_not_ready_are_said_once(key: str) -> None:
+    taints = [{"key": key, "effect": "NoSchedule"}, {"key": key, "effect": "NoExecute"}]
+    lost = node("node2", ready="Unknown", taints=taints)
+    assert [r.reason for r in rules.check_node(pod(), _entry(), lost)] == [rules.NODE_NOT_READY]
+    # Ready again, the taint not lifted yet: the taint is what holds the pod back now.
+    lagging = node("node2", ready="True", taints=taints[:1])
+    assert [r.reason for r in rules.check_node(pod(), _entry(), lagging)] == [rules.TAINT_NOT_TOLERATED]
