@@ -271,6 +271,9 @@ class Scheduler:
         if not decision.ok or decision.entry is None:
             if decision.reason == GPU_IN_USE:
                 decision = self.rollout.make_room(pod, decision)
+            if decision.entry is not None:
+                node = self.nodes.get(decision.entry.node)
+                decision = self.lost.explain(pod, decision, self.ledger.holders, self.pods.get, node)
             self._refuse(pod, decision)
             return
         with self._lock:

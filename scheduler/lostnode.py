@@ -14,6 +14,9 @@ ways out: the node comes back (its kubelet finishes the deletion, the replacemen
 placed on the same GPUs), or the operator, who knows the node is down for good,
 force-deletes the pod. Checked when one of our pods changes while being deleted and
 when a node stops being Ready (then over our pods on it: a rare event).
+
+A pod that waits for a GPU such a pod keeps is told the same in its ``GPUInUse``
+note (:meth:`LostNodeReports.explain`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpu_scheduling.objects import Pod
-from gpu_scheduling.rules import TERMINATING_ON_NOT_READY_NODE, ready_condition
+from gpu_scheduling.rules import GPU_IN_USE, TERMINATING_ON_NOT_READY_NODE, Decision, Finding, ready_condition
 from scheduler.binding import truncate_message
 from scheduler.events import EventRecorder
 from scheduler.ledger import claim_of
@@ -86,6 +89,42 @@ class LostNodeReports:
         )
         self._events.warning(pod, TERMINATING_ON_NOT_READY_NODE, truncate_message(note))
         return True
+
+    def explain(
+        self,
+        pod: Mapping[str, Any],
+        decision: Decision,
+        holders: Callable[[str, Iterable[int], str | None], list[tuple[int, str]]],
+        pod_of: Callable[[str], Mapping[str, Any] | None],
+        node: Mapping[str, Any] | None,
+    ) -> Decision:
+        """``decision``, each ``GPUInUse`` refusal whose holder is terminating on the mapped node,
+        which is not Ready (``node``, as cached), saying so with the ways out. ``holders`` is the
+        ledger's (the refusals were made from it: :func:`gpu_scheduling.rules.gpus_in_use`)."""
+        entry = decision.entry
+        if entry is None or node is None or node_ready(node):
+            return decision
+        if not any(r.reason == GPU_IN_USE for r in decision.refusals):
+            return decision
+        notes: dict[str, str] = {}
+        for gpu, key in holders(entry.node, entry.gpus, Pod(pod).uid):
+            holder = pod_of(key)
+            if holder is None or not Pod(holder).deleting:
+                continue
+            view = Pod(holder)
+            notes[f"GPU {entry.node}:{gpu} is held by pod {key}"] = (
+                f"it is terminating on node {entry.node!r}, which is not Ready: no kubelet confirms that "
+                "it stopped, so it keeps the GPU until the node comes back or, once you know the node is "
+                f"down, kubectl delete pod -n {view.namespace} {view.name} --force --grace-period=0"
+            )
+        if not notes:
+            return decision
+        refusals = []
+        for refusal in decision.refusals:
+            head = refusal.message.split(": ", 1)[0]
+            note = notes.get(head) if refusal.reason == GPU_IN_USE else None
+            refusals.append(Finding(refusal.reason, f"{refusal.message}: {note}") if note else refusal)
+        return Decision(decision.ordinal, entry, tuple(refusals), decision.warnings)
 
     def forget(self, uid: str) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpu_scheduling.rules import TERMINATING_ON_NOT_READY_NODE
+from gpu_scheduling.rules import NODE_NOT_READY, TERMINATING_ON_NOT_READY_NODE
 from scheduler.events import EventRecorder
 from scheduler.lostnode import LostNodeReports
 from tests.unit.test_scheduler_process import Events, World, node, pod
@@ -72,3 +72,27 @@ def test_the_scheduler_says_it_when_the_node_is_lost_after_the_pod_was_deleted()
     assert world.events.reasons() == [TERMINATING_ON_NOT_READY_NODE]
     world.sched.handlers()[2].on_update(lost(), lost("False"))
     assert world.events.reasons() == [TERMINATING_ON_NOT_READY_NODE], "said once"
+
+
+def test_a_pod_waiting_for_a_gpu_such_a_pod_keeps_is_told_why_and_the_ways_out() -> None:
+    holder = terminating("x-0", "0=node1:1")
+    world = World([holder, pod("w-0", "0=node1:0,1")], [lost()], require_injection=False)
+    world.sched.process("ns/w-0")
+    assert world.writer.binds == []
+    [(_, key, _, note)] = world.events.sent
+    assert key == "ns/w-0" and note.startswith(f"{NODE_NOT_READY}:"), note
+    assert (
+        "GPU node1:1 is held by pod ns/x-0: it is terminating on node 'node1', which is not Ready" in note
+    ), note
+    assert "kubectl delete pod -n ns x-0 --force --grace-period=0" in note, note
+
+
+def test_a_holder_that_is_not_terminating_or_a_ready_node_get_no_such_note() -> None:
+    for holder, n in (
+        (terminating("x-0", "0=node1:1", deleting=False), lost()),
+        (terminating("x-0", "0=node1:1"), node("node1")),
+    ):
+        world = World([holder, pod("w-0", "0=node1:0,1")], [n], require_injection=False)
+        world.sched.process("ns/w-0")
+        [(_, _, _, note)] = world.events.sent
+        assert "GPU node1:1 is held by pod ns/x-0" in note and "terminating" not in note, note
