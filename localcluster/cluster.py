@@ -948,11 +948,11 @@ class Cluster:
         (NoSchedule, NoExecute) and evicts its pods after their ``tolerationSeconds``.
 
         kwok keeps playing a node it has seen even when the node stops matching its annotation
-        selector, so it is restarted (it lists the nodes again, without this one): a second or
-        two without kwok, nothing a kwok node notices (leases last 40 s).
+        selector, so it is restarted (it lists the nodes again, without this one): see
+        :meth:`_restart_kwok`.
         """
         self.kubectl("annotate", "node", name, f"{KWOK_ANNOTATION}=cut-off", "--overwrite")
-        self._restart("kwok")
+        self._restart_kwok()
         ready = {
             "type": "Ready",
             "status": "Unknown",
@@ -967,12 +967,28 @@ class Cluster:
         finishes the deletions that waited) and the node lifecycle controller lifts its taints."""
         self.kubectl("annotate", "node", name, f"{KWOK_ANNOTATION}=fake", "--overwrite")
         # kwok takes up a node's lease only when it lists it (not on an update): restart it.
-        self._restart("kwok")
+        self._restart_kwok()
         self.wait_node_ready(name, timeout)
 
-    def _restart(self, component: str) -> None:
-        proc = self.procs[component]
+    def _restart_kwok(self) -> None:
+        """Restart kwok, which then lists the nodes it plays again.
+
+        A kwok process holds its nodes' Leases under an identity of its own (hostname and a
+        random UUID): a new process could take them only once they expire (40 s), longer than
+        the node lifecycle controller may wait without a heartbeat for some. So the Leases of
+        the nodes kwok plays are deleted between the stop and the start, and the new process
+        creates them at once (a node cut off keeps its Lease, which nobody renews any more).
+        """
+        proc = self.procs["kwok"]
         proc.stop()
+        nodes = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        played = [
+            n["metadata"]["name"]
+            for n in nodes
+            if (n["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION) == "fake"
+        ]
+        if played:
+            self.kubectl("delete", "lease", "-n", "kube-node-lease", "--ignore-not-found", *played)
         proc.start()
         if self.detached:
             proc.detach()
