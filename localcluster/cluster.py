@@ -970,6 +970,31 @@ class Cluster:
         self._restart_kwok()
         self.wait_node_ready(name, timeout)
 
+        # kwok plays the pods of a node once it holds the node's Lease, as its Lease cache shows
+        # it: pods it lists before that are skipped until they change. So the pods deleted while
+        # the node was away are touched until kwok has finished their deletion, as a kubelet
+        # coming back does.
+        def deletions_finished() -> bool:
+            out = self.kubectl(
+                "get", "pods", "-A", "--field-selector", f"spec.nodeName={name}", "-o", "json"
+            ).stdout
+            left = [p for p in json.loads(out)["items"] if p["metadata"].get("deletionTimestamp")]
+            for pod in left:
+                meta = pod["metadata"]
+                self.kubectl(
+                    "annotate",
+                    "pod",
+                    meta["name"],
+                    "-n",
+                    meta["namespace"],
+                    f"localcluster.gpu-scheduler.dev/reconnected={time.monotonic_ns()}",
+                    "--overwrite",
+                    check=False,
+                )
+            return not left
+
+        self.wait_until(deletions_finished, timeout, f"kwok to finish the deletions on {name}", interval=1.0)
+
     def _restart_kwok(self) -> None:
         """Restart kwok, which then lists the nodes it plays again.
 
