@@ -261,6 +261,9 @@ def test_a_not_ready_node_s_replicas_stay_terminating_holding_their_gpus_until_i
                 and pod["metadata"]["uid"] == uids[name]
                 and pod["metadata"].get("deletionTimestamp")
             ), pod
+            # Deleted by the taint-eviction controller (the node's NoExecute taint), nothing else.
+            reasons = {c.get("type"): c.get("reason") for c in pod["status"].get("conditions") or []}
+            assert reasons.get("DisruptionTarget") == "DeletionByTaintManager", pod["status"]
         # The operator knows the node is down and force-deletes w-1: its replacement waits for
         # the node (it must not run there while the node is unreachable).
         cluster.kubectl("delete", "pod", "w-1", "-n", namespace, "--force", "--grace-period=0")
