@@ -126,8 +126,7 @@ class Release:
 
     def webhook_reached(self, namespace: str) -> bool:
         """The apiserver reaches the webhook through its Service: a mapped replica admitted now
-        (dry run) is in a webhook pod's log. Ready endpoints are not enough: the apiserver calls
-        the Service's address, and the node's proxy rules may lag (here, once, by ~40 s)."""
+        (dry run) is in a webhook pod's log (Ready pods should be reached; this proves it)."""
         pod = _dry_run_pod(self.cluster, namespace, int(time.monotonic() * 1000))
         name = f"{namespace}/{pod['metadata']['name']}"
         logs = self.cluster.kubectl(
@@ -317,13 +316,13 @@ def test_helm_upgrade_from_the_previous_release_and_rollback_under_a_burst(
         release.product.rollout()
         release.product.wait_serving()
         t.settle()
-    assert [r for r, _ in release.history()] == [1, 2, 3], release.history()
     t.check()
     missing = t.without_devices()
     assert missing == [], (
         f"{len(missing)} of {len(t.probe.results)} admissions without devices: {missing[:5]}"
     )
     assert t.sampler.unmutated == {}, t.sampler.unmutated
+    assert [r for r, _ in release.history()] == [1, 2, 3], release.history()
 
 
 def test_helm_upgrade_from_webhook_to_policy_in_one_step_and_rollback_under_a_burst(
@@ -347,8 +346,13 @@ def test_helm_upgrade_from_webhook_to_policy_in_one_step_and_rollback_under_a_bu
         release.product.rollout()
         release.product.wait_serving()
         t.settle()
+    # The window of a one-step switch (measured: 0-2 probes at the upgrade, every probe for
+    # 30-40 s at the rollback while the new webhook pods start; docs/injection.md): pods are
+    # admitted without devices, and the guarantee is that none is bound so.
+    window = t.without_devices()
+    assert window, "no admission without devices: the one-step switch did not exercise the guarantee"
     t.check()
-    print("ONE-STEP", t.without_devices(), "UNMUTATED", len(t.sampler.unmutated), "OF", len(t.probe.results))
+    assert [r for r, _ in release.history()] == [1, 2, 3], release.history()
 
 
 def test_helm_upgrade_from_webhook_to_policy_in_two_steps_and_back_admits_nothing_without_devices(
@@ -383,10 +387,10 @@ def test_helm_upgrade_from_webhook_to_policy_in_two_steps_and_back_admits_nothin
         release.helm("rollback", RELEASE, "1")
         release.product.wait_serving()
         t.settle()
-    assert [r for r, _ in release.history()] == [1, 2, 3, 4, 5], release.history()
     t.check()
     missing = t.without_devices()
     assert missing == [], (
         f"{len(missing)} of {len(t.probe.results)} admissions without devices: {missing[:5]}"
     )
     assert t.sampler.unmutated == {}, t.sampler.unmutated
+    assert [r for r, _ in release.history()] == [1, 2, 3, 4, 5], release.history()
