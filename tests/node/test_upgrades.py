@@ -39,7 +39,8 @@ from tests.support.waiting import wait_for
 # The previous release of the chart: `helm upgrade` starts from the chart as of this commit.
 # Bump it to the commit (or tag) of the last release whenever one is made
 # (`git rev-parse --short v<version>`); it must be an ancestor of main, and the checkout must
-# have it (CI clones the whole history; a shallow clone fails below, saying so).
+# have it (the CI test job clones the whole history, GIT_DEPTH 0; a shallow clone fails below,
+# saying so).
 PREVIOUS_RELEASE = "319fe1c"
 
 ENTRIES = [f"{i}=node{i // 4 + 1}:{i % 4}" for i in range(12)]
