@@ -316,9 +316,8 @@ Fail early on webhook settings that cannot work.
 {{- if not (has .Values.injection.mode (list "webhook" "policy")) }}
 {{- fail (printf "injection.mode must be webhook or policy, not %q" (toString .Values.injection.mode)) }}
 {{- end }}
-{{- if and (eq .Values.injection.mode "policy") .Values.webhook.enabled }}
-{{- fail "injection.mode=policy injects the GPU variables without the webhook: set webhook.enabled=false (or injection.mode=webhook)" }}
-{{- end }}
+{{- /* injection.mode=policy with webhook.enabled: both inject (the same variables), the middle
+step of moving from webhook to policy with no window (docs/injection.md); NOTES.txt says so. */}}
 {{- if .Values.extender.enabled }}
 {{- if not .Values.extender.tls.caBundle }}
 {{- fail "extender.enabled needs extender.tls.caBundle (base64 PEM of the CA that signed the extender's serving certificate; kube-scheduler verifies the extender with it)" }}

@@ -82,10 +82,11 @@ class Product:
         out = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", sel, "-o", "json").stdout
         return [p for p in json.loads(out)["items"] if p["metadata"].get("deletionTimestamp") is None]
 
-    def wait_serving(self, timeout: float = 180) -> None:
+    def wait_serving(self, timeout: float = 180, webhook: bool = True) -> None:
         """Every Deployment of the release has all its replicas Ready, and the webhook Service has
         as many ready endpoints (``rollout status`` can answer from a status the controller has
-        not updated yet, e.g. right after pods were force-deleted)."""
+        not updated yet, e.g. right after pods were force-deleted). ``webhook=False``: a release
+        in injection.mode policy, with no webhook pods."""
         import json
         import time
 
@@ -134,7 +135,7 @@ class Product:
             if (
                 all((d["status"].get("readyReplicas") or 0) == d["spec"]["replicas"] for d in deps)
                 and ready_endpoints == want_webhook
-                and ready_pods >= {"scheduler", "webhook"}
+                and ready_pods >= ({"scheduler", "webhook"} if webhook else {"scheduler"})
             ):
                 return
             last = f"deployments {[(d['metadata']['name'], d['status'].get('readyReplicas')) for d in deps]}, webhook endpoints ready {ready_endpoints}/{want_webhook}"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.charts import SCHEDULER_CHART, find, one, render, template
+from tests.unit.test_chart_scheduler import render_notes
 
 CHART = SCHEDULER_CHART
 FULL = "rel-gpu-scheduler"
@@ -113,13 +115,24 @@ def test_the_gpu_resource_policy_is_a_warning_or_a_denial() -> None:
         ({"injection": {"mode": "policies"}}, "injection/mode"),
         ({"injection": {"mode": ""}}, "injection/mode"),
         ({"injection": {"mdoe": "policy"}}, "mdoe"),
-        (
-            {**POLICY, "webhook": {"enabled": True, "caBundle": CA}},
-            "injection.mode=policy injects the GPU variables without the webhook: set webhook.enabled=false",
-        ),
     ],
 )
 def test_bad_injection_values_fail_with_a_clear_message(values: dict[str, Any], message: str) -> None:
     res = template(CHART, values=values)
     assert res.returncode != 0
     assert message in res.stderr, res.stderr
+
+
+def test_policy_mode_with_the_webhook_on_renders_both_the_middle_step_of_a_migration(tmp_path: Path) -> None:
+    """Moving a running release from webhook to policy (docs/injection.md): the policy is added
+    while the webhook still injects, and the webhook removed once the policy is in place; the
+    release in between runs both (tests/node/test_upgrades.py shows there is no window)."""
+    values = {**POLICY, "webhook": {"enabled": True, "caBundle": CA, "tls": {"crt": "c", "key": "k"}}}
+    docs = render(CHART, values=values)
+    assert names(docs, "MutatingAdmissionPolicy") == {f"{FULL}-inject"}
+    assert find(docs, "MutatingWebhookConfiguration")
+    assert {d["kind"] for d in docs} >= {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    notes = render_notes(
+        CHART, tmp_path, "injection.mode=policy", "webhook.enabled=true", f"webhook.caBundle={CA}"
+    )
+    assert "AND the webhook is on: both inject" in notes and "--set webhook.enabled=false" in notes, notes
