@@ -72,6 +72,9 @@ class Run:
     cpu: dict[str, float] = field(default_factory=dict)
     # Times the apiserver ended the harness's pod watch during the run (resumed each time).
     watch_resumed: int = 0
+    # Seconds from the last pod seen created to the last seen bound (0 for the create arms): how
+    # far the scheduler ends behind the creator (for E and C: behind the start, meaningless).
+    end_lag: float = 0.0
 
     @property
     def correct(self) -> bool:
@@ -251,6 +254,7 @@ def run_bind_arm(
     )
     run.cpu = cpu_used
     run.watch_resumed = watch.resumed
+    run.end_lag = max(0.0, last - max(watch.seen.values()))
     run.problems = check_placement(raw, namespace, pods)
     return run
 
