@@ -43,6 +43,18 @@ ARM_NAMES = {
     "L": "raw Binding, while created",
 }
 WEBHOOK_LABEL = "bench.gpu-scheduler.io/webhook"
+# The create arms: how the pods get their GPU variables (the value of WEBHOOK_LABEL on their
+# namespace selects the webhook's or the policies' namespaceSelector).
+INJECTIONS = {"none": "W-", "webhook": "W+", "policy": "P"}
+INJECTION_NAMES = {
+    "W-": "no mutation",
+    "W+": "the webhook",
+    "P": "the admission policies (injection.mode policy)",
+}
+# The create arms post their pods as the StatefulSet controller does (its ServiceAccount,
+# impersonated): the map ValidatingAdmissionPolicy leaves the full map to the StatefulSet's own
+# admission for pods that controller creates, as it does for a real rollout.
+STATEFULSET_CONTROLLER = "system:serviceaccount:kube-system:statefulset-controller"
 
 
 @dataclass
@@ -60,6 +72,9 @@ class Run:
     cpu: dict[str, float] = field(default_factory=dict)
     # Times the apiserver ended the harness's pod watch during the run (resumed each time).
     watch_resumed: int = 0
+    # Seconds from the last pod seen created to the last seen bound (0 for the create arms): how
+    # far the scheduler ends behind the creator (for E and C: behind the start, meaningless).
+    end_lag: float = 0.0
 
     @property
     def correct(self) -> bool:
@@ -120,12 +135,14 @@ def delete_pods(raw: Raw, namespace: str, timeout: float = 300) -> None:
     raw.delete(f"/api/v1/namespaces/{namespace}")
 
 
-def creator(raw: Raw, namespace: str, sent: dict[str, float] | None = None) -> Any:
+def creator(
+    raw: Raw, namespace: str, sent: dict[str, float] | None = None, as_user: str | None = None
+) -> Any:
     path = f"/api/v1/namespaces/{namespace}/pods"
 
     def create(pod: PodSpec) -> None:
         start = time.monotonic()
-        raw.request("POST", path, pod.body, ok=(201,))
+        raw.request("POST", path, pod.body, ok=(201,), as_user=as_user)
         if sent is not None:
             sent[pod.name] = time.monotonic() - start
 
@@ -237,6 +254,7 @@ def run_bind_arm(
     )
     run.cpu = cpu_used
     run.watch_resumed = watch.resumed
+    run.end_lag = max(0.0, last - max(watch.seen.values()))
     run.problems = check_placement(raw, namespace, pods)
     return run
 
@@ -283,7 +301,7 @@ def double_holders(raw: Raw) -> list[str]:
 
 def run_create_arm(
     raw: Raw,
-    webhook: bool,
+    injection: str,
     entries: int,
     rep: int,
     pods: list[PodSpec],
@@ -292,13 +310,15 @@ def run_create_arm(
     create_threads: int,
     cpu: Callable[[], dict[str, float]] | None = None,
 ) -> Run:
-    """Pod-create throughput into a namespace with or without the mutating webhook."""
+    """Pod-create throughput into a namespace where ``injection`` (a key of INJECTIONS) gives the
+    pods their variables, or nothing does."""
     sent: dict[str, float] = {}
     cpu_before = cpu() if cpu else {}
-    start, end = run_parallel(create_threads, creator(raw, namespace, sent), pods)
+    create = creator(raw, namespace, sent, as_user=STATEFULSET_CONTROLLER)
+    start, end = run_parallel(create_threads, create, pods)
     cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu().items()} if cpu else {}
     durations = list(sent.values())
-    arm = "W+" if webhook else "W-"
+    arm = INJECTIONS[injection]
     run = Run(
         arm,
         f"map{entries}",
@@ -310,17 +330,17 @@ def run_create_arm(
         percentile(durations, 99),
     )
     run.cpu = cpu_used
-    run.problems = check_injection(raw, namespace, pods, webhook)
+    run.problems = check_injection(raw, namespace, pods, injection != "none")
     return run
 
 
-def check_injection(raw: Raw, namespace: str, pods: list[PodSpec], webhook: bool) -> list[str]:
+def check_injection(raw: Raw, namespace: str, pods: list[PodSpec], injected: bool) -> list[str]:
     problems, want, items = _read_back(raw, namespace, pods)
     for pod in items:
         name = pod["metadata"]["name"]
         envs = [plain_env(c) for c in pod_containers(pod.get("spec"))]
         expected = want[name]
-        if webhook:
+        if injected:
             good = all(
                 e.get("CUDA_VISIBLE_DEVICES") == str(expected.gpu)
                 and e.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
@@ -330,7 +350,7 @@ def check_injection(raw: Raw, namespace: str, pods: list[PodSpec], webhook: bool
             good = all("CUDA_VISIBLE_DEVICES" not in e for e in envs)
         if not good:
             problems.append(
-                f"{namespace}/{name}: env {envs} (webhook {'on' if webhook else 'off'}, GPU {expected.gpu})"
+                f"{namespace}/{name}: env {envs} (injection {'on' if injected else 'off'}, GPU {expected.gpu})"
             )
     return problems[:20]
 
@@ -338,6 +358,8 @@ def check_injection(raw: Raw, namespace: str, pods: list[PodSpec], webhook: bool
 __all__ = [
     "ARMS",
     "ARM_NAMES",
+    "INJECTIONS",
+    "INJECTION_NAMES",
     "NOBODY",
     "WEBHOOK_LABEL",
     "Run",

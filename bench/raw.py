@@ -64,11 +64,14 @@ class Raw:
         body: bytes | None = None,
         ok: Iterable[int] = (200, 201),
         tries: int = 5,
+        as_user: str | None = None,
     ) -> Any:
-        """One call; retried on 429/5xx; returns the decoded JSON answer."""
+        """One call; retried on 429/5xx; returns the decoded JSON answer. ``as_user``: made as that
+        user (an ``Impersonate-User`` header: the apiserver's admission sees its userInfo)."""
         wanted = set(ok)
+        headers = self.headers if as_user is None else {**self.headers, "Impersonate-User": as_user}
         for attempt in range(tries):
-            resp = self.pool.request(method, self.server + path, body=body, headers=self.headers)
+            resp = self.pool.request(method, self.server + path, body=body, headers=headers)
             if resp.status in wanted:
                 return json.loads(resp.data) if resp.data else None
             if resp.status not in RETRY_STATUSES or attempt == tries - 1:

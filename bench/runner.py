@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from bench import arms
-from bench.arms import ARMS, WEBHOOK_LABEL, Run, create_namespace, delete_pods
+from bench.arms import (
+    ARMS,
+    INJECTIONS,
+    STATEFULSET_CONTROLLER,
+    WEBHOOK_LABEL,
+    Run,
+    create_namespace,
+    delete_pods,
+)
 from bench.measure import cpu_seconds, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
@@ -42,7 +50,7 @@ from gpu_scheduling.kube.timefmt import micro_time
 from localcluster.admission import POD_CREATE_RULE
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
-from localcluster.rbac import render_rbac, scheduler_chart_values
+from localcluster.rbac import render_chart, render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
 from localcluster.webhook_host import ca_bundle, make_certs, run_webhook
 
@@ -87,6 +95,7 @@ class Bench:
         self.add_nodes(self.scale.groups[0][0])
         self.start_scheduler()
         self.start_webhook()
+        self.start_policy()
 
     def add_nodes(self, count: int) -> None:
         assert self.cluster is not None
@@ -176,22 +185,59 @@ class Bench:
             ],
         }
         self.raw.post("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", config)
-        probe_ns = "b-webhook-probe"
-        create_namespace(self.raw, probe_ns, {WEBHOOK_LABEL: "on"})
+        self._probe("on", "the webhook")
+        log(f"webhook ready on 127.0.0.1:{port}, RSS idle {self.results.memory['webhook_idle']} MiB")
+
+    def start_policy(self) -> None:
+        """injection.mode policy: the chart's own MutatingAdmissionPolicy and map
+        ValidatingAdmissionPolicies (rendered by helm, nothing else of the chart), for the pods
+        of the scheduler nobody runs in namespaces labelled ``WEBHOOK_LABEL=policy``."""
+        assert self.cluster is not None and self.raw is not None
+        values = {
+            "injection": {"mode": "policy"},
+            "webhook": {"enabled": False, "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "policy"}}},
+            "scheduler": {"name": NOBODY},
+        }
+        kinds = {
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        }
+        docs = render_chart(self.cluster, "gpu-scheduler-bench", SYSTEM_NS, values)
+        # The injection's own policies; not the trust policy (<fullname>-pods), which both modes have.
+        ours = {f"gpu-scheduler-bench-{suffix}" for suffix in ("inject", "map", "map-warnings")}
+        policies = [d for d in docs if d["kind"] in kinds and d["metadata"]["name"] in ours]
+        if len(policies) != 2 * len(ours):
+            raise RuntimeError(
+                f"the chart rendered {[d['metadata']['name'] for d in policies]}, not {sorted(ours)}"
+            )
+        self.cluster.apply(policies)
+        self._probe("policy", "the admission policies")
+        log(f"admission policies active: {sorted(d['metadata']['name'] for d in policies)}")
+
+    def _probe(self, label: str, what: str) -> None:
+        """Waits until a dry-run create in a namespace labelled ``label`` comes back injected."""
+        assert self.raw is not None
+        probe_ns = f"b-{label}-probe"
+        create_namespace(self.raw, probe_ns, {WEBHOOK_LABEL: label})
         probe = webhook_pods(1, 1)[0]
         deadline = time.monotonic() + 60
         while True:
             pod = self.raw.request(
-                "POST", f"/api/v1/namespaces/{probe_ns}/pods?dryRun=All", probe.body, ok=(201,)
+                "POST",
+                f"/api/v1/namespaces/{probe_ns}/pods?dryRun=All",
+                probe.body,
+                ok=(201,),
+                as_user=STATEFULSET_CONTROLLER,
             )
             env = pod["spec"]["containers"][0].get("env") or []
             if {"name": "CUDA_VISIBLE_DEVICES", "value": "0"} in env:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError("the apiserver did not call the webhook within 60 s")
+                raise RuntimeError(f"{what} did not inject within 60 s")
             time.sleep(0.5)
         self.raw.delete(f"/api/v1/namespaces/{probe_ns}")
-        log(f"webhook ready on 127.0.0.1:{port}, RSS idle {self.results.memory['webhook_idle']} MiB")
 
     def stop(self) -> None:
         if self.raw is not None:
@@ -315,12 +361,14 @@ class Bench:
         for rep in range(self.scale.reps):
             for entries in self.scale.webhook_maps:
                 pods = webhook_pods(self.scale.webhook_pods, entries)
-                for on in (False, True) if rep % 2 == 0 else (True, False):
-                    ns = self.namespace(f"wh{entries}", {WEBHOOK_LABEL: "on" if on else "off"})
+                modes = list(INJECTIONS)
+                for injection in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+                    label = {"none": "off", "webhook": "on", "policy": "policy"}[injection]
+                    ns = self.namespace(f"wh{entries}", {WEBHOOK_LABEL: label})
                     try:
                         run = arms.run_create_arm(
                             self.raw,
-                            on,
+                            injection,
                             entries,
                             rep,
                             pods,
@@ -330,7 +378,7 @@ class Bench:
                         )
                     finally:
                         delete_pods(self.raw, ns)
-                    self.record(run, f"create, map of {entries}, webhook {'on' if on else 'off'}")
+                    self.record(run, f"create, map of {entries}, {arms.INJECTION_NAMES[run.arm]}")
         self.results.memory["webhook_after"] = rss_mib(self.webhook.pid)
 
     # -- profile ----------------------------------------------------------------------------

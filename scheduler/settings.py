@@ -51,7 +51,7 @@ class Settings:
     identity: str = ""
     log_level: str = "INFO"
     kubeconfig: str | None = None
-    workers: int = 4
+    workers: int = 16
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     # Bind a mapped pod only when its containers carry the webhook's GPU variables for

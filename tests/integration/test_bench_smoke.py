@@ -43,19 +43,19 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     scale = SCALES["smoke"]
     runs = results["runs"]
     # Every run passed its read-back: each pod on its mapped node with its GPU, no GPU twice,
-    # and the webhook's variables present exactly when the webhook was on.
+    # and the GPU variables present exactly when the webhook or the admission policies were on.
     assert runs and all(r["correct"] and not r["problems"] for r in runs), [
         r for r in runs if not r["correct"]
     ]
     measured = [r for r in runs if r["rep"] >= 0]
     bind = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ARMS}
     assert bind == {(arm, plan.key) for arm in ARMS for plan in scale.plans}
-    create = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ("W+", "W-")}
-    assert create == {(arm, f"map{e}") for arm in ("W+", "W-") for e in scale.webhook_maps}
+    create = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ("W+", "W-", "P")}
+    assert create == {(arm, f"map{e}") for arm in ("W+", "W-", "P") for e in scale.webhook_maps}
     for r in measured:
         want = (
             scale.webhook_pods
-            if r["arm"] in ("W+", "W-")
+            if r["arm"] in ("W+", "W-", "P")
             else next(p.pods for p in scale.plans if p.key == r["plan"])
         )
         assert r["pods"] == want and r["throughput"] > 0 and r["p99"] >= r["p50"] >= 0, r
@@ -66,13 +66,20 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert any(k.startswith("scheduler_own_") for k in memory), memory
 
     text = doc.read_text()
-    for heading in ("## Ratios", "## Bind arms", "## Webhook", "## Memory (VmRSS)", "## Where the time goes"):
+    for heading in (
+        "## Ratios",
+        "## Bind arms",
+        "## Injection: the webhook, the admission policies, nothing",
+        "## Memory (VmRSS)",
+        "## Where the time goes",
+    ):
         assert heading in text
     assert "Correctness failures" not in text
     png = doc.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The ratios table is printed at the end of the run.
     assert "throughput A/C" in res.stdout
+    assert "pod creates with the admission policies (injection.mode policy) / without" in res.stdout
 
 
 def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Cluster) -> None:
