@@ -171,8 +171,14 @@ def test_scale_down_then_up_gives_each_ordinal_its_gpus_back(
     w0 = read_pod(kube, namespace, "w-0")
     assert w0 is not None and w0["metadata"]["uid"] == uids["w-0"], "w-0 was not touched"
     for name, gpus, node in (("w-1", "1,2", a), ("w-2", "3", b)):
+        # Scheduled Events are sent after a burst of placements (scheduler/events.py): wait for them.
+        wait_for(
+            lambda name=name: pod_events(kube, namespace, name, "Scheduled"),
+            60,
+            what=f"the Scheduled Event of {name}",
+        )
         scheduled = [e["message"] for e in pod_events(kube, namespace, name, "Scheduled")]
-        assert scheduled and all(f"to {node} with GPUs {gpus} " in m for m in scheduled), scheduled
+        assert all(f"to {node} with GPUs {gpus} " in m for m in scheduled), scheduled
 
 
 def test_a_cordoned_node_keeps_its_replicas_and_a_recreated_one_waits_for_uncordon(
