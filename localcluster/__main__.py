@@ -62,7 +62,7 @@ def _status(_: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from localcluster.demo import run
 
-    return run(keep=args.keep, workdir=Path(args.workdir) if args.workdir else None)
+    return run(keep=args.keep, workdir=Path(args.workdir) if args.workdir else None, webhook=args.webhook)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep", action="store_true", help="leave the control plane running afterwards")
     demo.add_argument(
         "--workdir", help="where to keep state (default: a temporary folder, or .cluster with --keep)"
+    )
+    demo.add_argument(
+        "--webhook",
+        action="store_true",
+        help="inject with the admission webhook (pods, TLS certificates) instead of the default policy",
     )
     demo.set_defaults(func=_demo)
     args = parser.parse_args(argv)

@@ -2,12 +2,15 @@
 
 Builds the image from the Dockerfile (localcluster/image.py), starts the control plane
 with fake GPU nodes (kwok) and one real kubelet node (localcluster/node.py) that holds
-the image, and installs gpu-scheduler-chart as a user does: the scheduler and the webhook
-run as pods on the real node, with the chart's security context, and the apiserver calls
-the webhook through its Service with certificates from generate-webhook-certs.py. Then it
-applies examples/gpu-workload.yaml, prints where each replica landed, and runs
-``helm test``. Exit 0 only when every replica is Running where the map says, with the
-mapped devices, and the helm test passes.
+the image, and installs gpu-scheduler-chart as a user does, with its defaults: the
+scheduler runs as a pod on the real node, with the chart's security context, and the
+apiserver (Kubernetes 1.37) injects the GPU variables itself (injection.mode auto picks the
+MutatingAdmissionPolicy): no webhook, no certificate anywhere. With ``webhook=True``
+(``DEMO_ARGS=--webhook``) the webhook runs as pods too and the apiserver calls it through
+its Service with certificates from generate-webhook-certs.py. Then it applies
+examples/gpu-workload.yaml, prints where each replica landed, and runs ``helm test``. Exit
+0 only when every replica is Running where the map says, with the mapped devices, and the
+helm test passes.
 """
 
 from __future__ import annotations
@@ -118,7 +121,25 @@ def product_pods(cluster: Cluster, namespace: str, release: str) -> str:
     ).stdout
 
 
-def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240) -> int:
+def injection_objects(cluster: Cluster) -> str:
+    """What injects and what certifies it: the release's admission policies, webhook
+    configurations and TLS Secrets (a line each, or "none")."""
+    sel = f"app.kubernetes.io/instance={RELEASE}"
+    lines = []
+    for what, args in (
+        ("admission policies", ("mutatingadmissionpolicies,validatingadmissionpolicies", "-l", sel)),
+        (
+            "webhook configurations",
+            ("mutatingwebhookconfigurations,validatingwebhookconfigurations", "-l", sel),
+        ),
+        ("TLS Secrets", ("secrets", "-n", SYSTEM_NS, "--field-selector", "type=kubernetes.io/tls")),
+    ):
+        names = cluster.kubectl("get", *args, "-o", "name", check=False).stdout.split()
+        lines.append(f"{what}: {', '.join(names) if names else 'none'}")
+    return "\n".join(lines)
+
+
+def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240, webhook: bool = False) -> int:
     if workdir is None:
         workdir = REPO / ".cluster" if keep else Path(tempfile.mkdtemp(prefix="gpu-scheduler-demo-"))
     if keep and (workdir / "state.json").exists():
@@ -137,14 +158,22 @@ def run(keep: bool = False, workdir: Path | None = None, timeout: float = 240) -
     )
     logs = workdir / "logs"
     try:
-        say("generating webhook certificates with generate-webhook-certs.py")
-        certs = make_certs(workdir / "webhook-certs", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS)
+        certs = None
+        if webhook:
+            say("webhook mode: generating webhook certificates with generate-webhook-certs.py")
+            certs = make_certs(workdir / "webhook-certs", service=f"{RELEASE}-webhook", namespace=SYSTEM_NS)
+        else:
+            say(
+                "policy mode (the chart's default on Kubernetes >= 1.36): the apiserver injects the GPU "
+                "variables, no webhook, no certificate"
+            )
         say(
             f"helm install {RELEASE} ./gpu-scheduler-chart -n {SYSTEM_NS} (image {image.ref}, pullPolicy Never)"
         )
         install_chart(cluster, RELEASE, SYSTEM_NS, product_values(image.ref, certs))
         wait_rollout(cluster, SYSTEM_NS, RELEASE, timeout)
         print(product_pods(cluster, SYSTEM_NS, RELEASE))
+        print(injection_objects(cluster))
 
         sts = yaml.safe_load(EXAMPLE.read_text())
         say(f"applying {EXAMPLE.relative_to(REPO)} into namespace {DEMO_NS}")

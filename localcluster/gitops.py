@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -348,14 +348,27 @@ ARGOCD_DIR = REPO / "argocd"
 REPO_URL_ANNOTATION = "gpu-scheduler.io/repo-url"
 
 
-def argocd_manifest(name: str, repo_url: str | None = None, image: str | None = None) -> list[dict[str, Any]]:
+# What argocd/README.md ("Webhook mode") tells users to put in the scheduler chart's values
+# on a cluster without MutatingAdmissionPolicy v1: the webhook, its certificate from cert-manager.
+WEBHOOK_MODE_VALUES: dict[str, Any] = {
+    "enabled": True,
+    "failurePolicy": "Ignore",
+    "certManager": {"enabled": True},
+}
+
+
+def argocd_manifest(
+    name: str, repo_url: str | None = None, image: str | None = None, *, webhook: bool = False
+) -> list[dict[str, Any]]:
     """The documents of ``argocd/<name>``; with ``repo_url``, the cluster Secret's
     ``gpu-scheduler.io/repo-url`` annotation (the one place, argocd/README.md) and the
     AppProject's allow-list entry that must equal it are rewritten. With ``image``
     (``REPOSITORY:TAG``, an image already on the nodes), every ApplicationSet's Helm values
     get ``image.repository``, ``image.tag`` and ``image.pullPolicy: Never``, where
     argocd/README.md tells users to set their image (each list element's ``helmValues``, or
-    the template's ``helm.values``). Nothing else changes."""
+    the template's ``helm.values``). With ``webhook``, the scheduler chart's values also get
+    ``webhook`` = ``WEBHOOK_MODE_VALUES`` (argocd/README.md, "Webhook mode": the webhook with
+    cert-manager instead of the default injection policy). Nothing else changes."""
     docs = [d for d in yaml.safe_load_all((ARGOCD_DIR / name).read_text()) if d]
     for d in docs:
         if repo_url:
@@ -365,6 +378,15 @@ def argocd_manifest(name: str, repo_url: str | None = None, image: str | None = 
                 d["spec"]["sourceRepos"] = [repo_url]
         if image and d["kind"] == "ApplicationSet":
             _set_appset_image(d, image)
+        if webhook and d["kind"] == "ApplicationSet":
+            _rewrite_values(
+                d,
+                lambda values: {
+                    **values,
+                    "webhook": {**(values.get("webhook") or {}), **WEBHOOK_MODE_VALUES},
+                },
+                chart="gpu-scheduler-chart",
+            )
     return docs
 
 
@@ -372,29 +394,43 @@ def _set_appset_image(appset: dict[str, Any], image: str) -> None:
     repository, _, tag = image.rpartition(":")
     if not repository or "/" in tag:
         raise ValueError(f"image {image!r} is not REPOSITORY:TAG")
+    _rewrite_values(
+        appset,
+        lambda values: {
+            **values,
+            "image": {
+                **(values.get("image") or {}),
+                "repository": repository,
+                "tag": tag,
+                "pullPolicy": "Never",
+            },
+        },
+    )
+
+
+def _rewrite_values(
+    appset: dict[str, Any], change: Callable[[dict[str, Any]], dict[str, Any]], chart: str | None = None
+) -> None:
+    """Apply ``change`` to the Helm values of every Application ``appset`` generates (of
+    ``chart`` only, when given): each list element's ``helmValues``, or the template's
+    ``helm.values`` when it is not itself a template."""
 
     def rewrite(text: str) -> str:
-        values = yaml.safe_load(text) or {}
-        values["image"] = {
-            **(values.get("image") or {}),
-            "repository": repository,
-            "tag": tag,
-            "pullPolicy": "Never",
-        }
-        return yaml.safe_dump(values, sort_keys=False)
+        return yaml.safe_dump(change(yaml.safe_load(text) or {}), sort_keys=False)
 
     found = 0
     for gen in appset["spec"].get("generators") or []:
         for sub in [gen, *((gen.get("matrix") or {}).get("generators") or [])]:
             for element in (sub.get("list") or {}).get("elements") or []:
-                if "helmValues" in element:
+                if "helmValues" in element and chart in (None, element.get("chartPath")):
                     element["helmValues"] = rewrite(element["helmValues"])
                     found += 1
-    helm = appset["spec"]["template"]["spec"]["source"].get("helm") or {}
-    if "{{" not in str(helm.get("values", "{{")):
+    source = appset["spec"]["template"]["spec"]["source"]
+    helm = source.get("helm") or {}
+    if "{{" not in str(helm.get("values", "{{")) and chart in (None, source.get("path")):
         helm["values"] = rewrite(helm["values"])
         found += 1
-    if not found:
+    if not found and chart is None:
         raise ValueError(
             f"ApplicationSet {appset['metadata']['name']} has no Helm values to set the image in"
         )
@@ -403,6 +439,7 @@ def _set_appset_image(appset: dict[str, Any], image: str) -> None:
 __all__ = [
     "ARGOCD_NS",
     "CERT_MANAGER_NS",
+    "WEBHOOK_MODE_VALUES",
     "ArgoCD",
     "argocd_manifest",
     "bare_repository",

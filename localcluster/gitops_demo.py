@@ -1,18 +1,22 @@
-"""``make gitops-demo``: argocd/ synced by a real Argo CD, certificates by a real cert-manager,
-the product running as real pods.
+"""``make gitops-demo``: argocd/ synced by a real Argo CD, the product running as real pods.
 
 Builds the image of this tree (localcluster/image.py) and starts the control plane with the
 kwok GPU nodes and one real kubelet node (localcluster/node.py) holding it, as ``make demo``
-does; cert-manager and Argo CD run as host processes (upstream programs, not ours; the
-apiserver reaches cert-manager's webhook through its Service, routed by the node's
-kube-proxy). This checkout is committed into a local bare repository and argocd/ is applied
-with only the repository URL (the cluster Secret's annotation, and the AppProject
-allow-list entry that must equal it) and the image (``image.*`` in each ApplicationSet's
-Helm values: the image built here, ``pullPolicy: Never``) rewritten. Argo CD then syncs
-the charts: the scheduler and the webhook run as pods on the real node, so the scheduler
-Application's Healthy is the real readiness of real pods; the check chart's verification
-hook pod runs there too. Prints a timeline, the product's pods, the hook pods and the check
-chart's placement.
+does; Argo CD runs as host processes (an upstream program, not ours). This checkout is
+committed into a local bare repository and argocd/ is applied with only the repository URL
+(the cluster Secret's annotation, and the AppProject allow-list entry that must equal it)
+and the image (``image.*`` in each ApplicationSet's Helm values: the image built here,
+``pullPolicy: Never``) rewritten. Argo CD then syncs the charts in the ApplicationSets'
+default, policy mode: the apiserver injects the GPU variables (MutatingAdmissionPolicy), no
+webhook, no certificate, no cert-manager. The scheduler runs as a pod on the real node, so
+the scheduler Application's Healthy is the real readiness of real pods; the check chart's
+verification hook pod runs there too. Prints a timeline, the product's pods, the hook pods
+and the check chart's placement.
+
+``--webhook`` (``make gitops-demo GITOPS_ARGS=--webhook``): argocd/README.md's webhook mode
+instead, the webhook running as pods too, its certificate issued by a real cert-manager (host
+processes; the apiserver reaches cert-manager's webhook through its Service, routed by the
+node's kube-proxy) whose cainjector fills the caBundle.
 
 ``HostComponents`` (the scheduler, the webhook and the hook pods' commands as host
 processes) serves tests/integration/test_argocd_real.py, which runs on kwok nodes only.
@@ -61,9 +65,11 @@ def get(cluster: Cluster, *args: str) -> dict[str, Any]:
     return yaml.safe_load(res.stdout) if res.returncode == 0 else {}
 
 
-def apply_argocd(cluster: Cluster, repo_url: str, *files: str, image: str | None = None) -> None:
+def apply_argocd(
+    cluster: Cluster, repo_url: str, *files: str, image: str | None = None, webhook: bool = False
+) -> None:
     for name in files:
-        cluster.apply(argocd_manifest(name, repo_url, image=image))
+        cluster.apply(argocd_manifest(name, repo_url, image=image, webhook=webhook))
 
 
 HOOK_ANNOTATION = "argocd.argoproj.io/hook"
@@ -699,11 +705,14 @@ class Outcome:
     hook_results: list[dict[str, Any]]  # the check sync's hook entries, from Argo CD's syncResult
     placement: str
     placed: bool
+    webhook: bool = False  # webhook mode (else policy mode: no webhook pods)
 
     @property
     def components_ok(self) -> bool:
-        """The scheduler and the webhook each run as Ready pods on the real node, in containers."""
-        return {r["component"] for r in self.components} == {"scheduler", "webhook"} and all(
+        """The scheduler (and in webhook mode the webhook) each run as Ready pods on the real
+        node, in containers."""
+        expected = {"scheduler", "webhook"} if self.webhook else {"scheduler"}
+        return {r["component"] for r in self.components} == expected and all(
             r["node"] == NODE_NAME and r["phase"] == "Running" and r["ready"] and r["runtime"] == "containerd"
             for r in self.components
         )
@@ -747,11 +756,14 @@ def rollout_settled(cluster: Cluster) -> tuple[bool, dict[str, Any]]:
     return settled, op
 
 
-def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 300) -> Outcome:
-    """Apply argocd/ (repository URL and image rewritten) to a control plane with a real node,
-    cert-manager and Argo CD running, and follow it until both Applications are Synced and
-    Healthy, the scheduler and the webhook pods Ready on the real node and the RollingSync
-    settled (no sync queued or running), or ``timeout``."""
+def sync_argocd(
+    cluster: Cluster, image: Image, repo_url: str, timeout: float = 300, webhook: bool = False
+) -> Outcome:
+    """Apply argocd/ (repository URL and image rewritten; with ``webhook``, in webhook mode) to
+    a control plane with a real node and Argo CD (and, with ``webhook``, cert-manager) running,
+    and follow it until both Applications are Synced and Healthy, the scheduler's (and the
+    webhook's) pods Ready on the real node and the RollingSync settled (no sync queued or
+    running), or ``timeout``."""
     tl = Timeline()
     hooks = HookPods(cluster)
     op: dict[str, Any] = {}
@@ -764,6 +776,7 @@ def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 
             "local-cluster-secret.yaml",
             "gpu-scheduler-complete-applicationset.yaml",
             image=image.ref,
+            webhook=webhook,
         )
         deadline = time.monotonic() + timeout
         synced = False
@@ -784,7 +797,7 @@ def sync_argocd(cluster: Cluster, image: Image, repo_url: str, timeout: float = 
         hooks.stop()
     results = [r for r in (op.get("syncResult") or {}).get("resources") or [] if r.get("hookType")]
     placement, placed = placement_table(cluster)
-    return Outcome(synced, settled, tl, components, hooks.seen(), results, placement, placed)
+    return Outcome(synced, settled, tl, components, hooks.seen(), results, placement, placed, webhook)
 
 
 def report(outcome: Outcome) -> None:
@@ -823,7 +836,7 @@ def report(outcome: Outcome) -> None:
     print(outcome.placement)
 
 
-def run(workdir: Path | None = None, timeout: float = 300) -> int:
+def run(workdir: Path | None = None, timeout: float = 300, webhook: bool = False) -> int:
     workdir = workdir or Path(tempfile.mkdtemp(prefix="gpu-scheduler-gitops-"))
     started = time.monotonic()
     say("building the image from the Dockerfile (make image: mmdebstrap base + buildah, no Docker)")
@@ -834,8 +847,14 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
     )
     cluster = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, real_node=True, images=[image.archive])
     try:
-        say("starting cert-manager (controller, cainjector, webhook) as host processes")
-        start_cert_manager(cluster)
+        if webhook:
+            say("webhook mode: starting cert-manager (controller, cainjector, webhook) as host processes")
+            start_cert_manager(cluster)
+        else:
+            say(
+                "policy mode (argocd/'s default): no cert-manager; the apiserver will inject the GPU "
+                "variables (MutatingAdmissionPolicy)"
+            )
         say(
             "starting Argo CD (miniredis, repo-server, application-controller, applicationset-controller "
             "with --enable-progressive-syncs) as host processes"
@@ -845,9 +864,10 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
         say(f"this checkout committed into {repo_url} (branch main)")
         say(
             f"applying argocd/ with gpu-scheduler.io/repo-url={repo_url} and image {image.ref} "
-            "(pullPolicy Never) in the ApplicationSets' Helm values; nothing else changed"
+            "(pullPolicy Never) in the ApplicationSets' Helm values"
+            + (", and webhook mode (argocd/README.md)" if webhook else "; nothing else changed")
         )
-        outcome = sync_argocd(cluster, image, repo_url, timeout)
+        outcome = sync_argocd(cluster, image, repo_url, timeout, webhook=webhook)
         report(outcome)
         print(f"\ngitops-demo took {time.monotonic() - started:.0f}s")
         if not outcome.ok:
@@ -858,7 +878,10 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
                     for what, good in (
                         ("Applications not Synced+Healthy or their syncs not Succeeded", outcome.synced),
                         ("the RollingSync did not settle (a sync still queued or running)", outcome.settled),
-                        (f"scheduler/webhook not Ready pods on {NODE_NAME}", outcome.components_ok),
+                        (
+                            f"scheduler{'/webhook' if webhook else ''} not Ready pods on {NODE_NAME}",
+                            outcome.components_ok,
+                        ),
                         (f"the verification hook did not Succeed on {NODE_NAME}", outcome.hooks_ok),
                         ("placement wrong", outcome.placed),
                     )
@@ -884,8 +907,10 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
                 )
             return 1
         say(
-            "both Applications Synced and Healthy, in order; the scheduler and the webhook Ready as pods "
-            f"on {NODE_NAME}; the verification hook Succeeded there; every replica on its mapped node with its GPUs"
+            "both Applications Synced and Healthy, in order; the scheduler"
+            + (" and the webhook" if webhook else "")
+            + f" Ready as pods on {NODE_NAME}; the verification hook Succeeded there; every replica on its "
+            "mapped node with its GPUs" + ("" if webhook else "; no certificate anywhere (policy mode)")
         )
         return 0
     finally:
@@ -894,8 +919,15 @@ def run(workdir: Path | None = None, timeout: float = 300) -> int:
             shutil.rmtree(workdir)
 
 
-def main() -> None:
-    sys.exit(run())
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m localcluster.gitops_demo", description=__doc__)
+    parser.add_argument(
+        "--webhook", action="store_true", help="argocd/README.md's webhook mode, with cert-manager"
+    )
+    args = parser.parse_args(argv)
+    sys.exit(run(webhook=args.webhook))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ BASE_VALUES: dict[str, Any] = {
     "webhook": {"enabled": True, "url": "https://127.0.0.1:1", "caBundle": _PLACEHOLDER_CA},
 }
 
+# What the chart's injection.mode auto and policy look for in helm's capabilities.
+MUTATING_POLICY_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
 SCHEDULER_SA = "gpu-scheduler"
 # The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
 LEASE_NAME = "gpu-scheduler"
@@ -78,6 +81,10 @@ def render_chart(
             namespace,
             "--values",
             str(values_file),
+            # helm template knows nothing of the cluster: tell it what the local control
+            # plane (Kubernetes 1.37) serves, as helm install learns by discovery.
+            "--api-versions",
+            MUTATING_POLICY_API,
         ).stdout
     return [d for d in yaml.safe_load_all(text) if d]
 

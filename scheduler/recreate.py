@@ -87,7 +87,8 @@ class NotInjectedRecreation:
         if now < due:
             note = (
                 f"{NOT_INJECTED}: {decision.message}; not bound: it will be deleted so that {what} "
-                f"recreates it through the webhook (attempt {attempt}, after {due - now:.0f}s backoff)"
+                f"recreates it through admission, the webhook or the injection policy (attempt {attempt}, "
+                f"after {due - now:.0f}s backoff)"
             )
             self._tell(pod, note, first)
             self._retry_after(key, due - now)
@@ -112,7 +113,7 @@ class NotInjectedRecreation:
                 pod,
                 NOT_INJECTED,
                 f"{NOT_INJECTED}: {decision.message}; deleted it so that {what} recreates it "
-                f"through the webhook (attempt {attempt})",
+                f"through admission, the webhook or the injection policy (attempt {attempt})",
             )
 
     def _tell(self, pod: Mapping[str, Any], note: str, first: bool) -> None:

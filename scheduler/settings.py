@@ -55,10 +55,12 @@ class Settings:
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     # Bind a mapped pod only when its containers carry the webhook's GPU variables for
-    # its entry (the chart sets it from webhook.enabled). Off: the map alone decides.
+    # its entry (the chart sets it when something injects: webhook.enabled, or injection
+    # policy mode). Off: the map alone decides.
     require_injection: bool = True
     # A controller-owned pod admitted without them is deleted, so that its controller
-    # recreates it through the webhook (with backoff per replica). Off: it waits.
+    # recreates it through the webhook or the injection policy (with backoff per replica).
+    # Off: it waits.
     recreate_not_injected: bool = True
     # A replica the kubelet refused at admission (OutOfcpu, ...) is bound there again once
     # the node, the pods on it or the pod change; or, failing that, after this many seconds

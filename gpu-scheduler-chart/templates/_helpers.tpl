@@ -224,11 +224,67 @@ caBundle: {{ $.Values.webhook.caBundle | quote }}
 {{- end }}
 
 {{/*
-namespaceSelector of both webhooks: never the release namespace (the webhook must
-not gate its own pods) nor webhook.excludeNamespaces, ANDed with webhook.namespaceSelector.
+"true" when the cluster serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy
+(Kubernetes >= 1.36), as helm's capabilities say: discovery for `helm install/upgrade`,
+`--api-versions` for `helm template` (Argo CD passes the destination cluster's).
+*/}}
+{{- define "gpu-scheduler.servesMutatingPolicy" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}true{{- end }}
+{{- end }}
+
+{{/*
+The injection mode in effect, `webhook` or `policy`: injection.mode when it names one;
+for `auto`, policy where the cluster serves MutatingAdmissionPolicy v1 and webhook.enabled
+is not true (an installation that enabled the webhook keeps it on upgrade), else webhook.
+*/}}
+{{- define "gpu-scheduler.injectionMode" -}}
+{{- if eq (toString .Values.injection.mode) "auto" }}
+{{- if and (include "gpu-scheduler.servesMutatingPolicy" .) (not .Values.webhook.enabled) }}policy{{ else }}webhook{{ end }}
+{{- else }}
+{{- .Values.injection.mode }}
+{{- end }}
+{{- end }}
+
+{{/*
+The injection settings of both modes: injection.*, unless the deprecated webhook.* name
+is set (webhook.injectionMode, webhook.gpuResourcePolicy, webhook.excludeNamespaces,
+webhook.namespaceSelector: null by default), which then wins.
+*/}}
+{{- define "gpu-scheduler.deviceMode" -}}
+{{- .Values.webhook.injectionMode | default .Values.injection.deviceMode }}
+{{- end }}
+
+{{- define "gpu-scheduler.gpuResourcePolicy" -}}
+{{- .Values.webhook.gpuResourcePolicy | default .Values.injection.gpuResourcePolicy }}
+{{- end }}
+
+{{/*
+The deprecated webhook.* names set in these values (for NOTES.txt), one per line as
+"webhook.X injection.Y".
+*/}}
+{{- define "gpu-scheduler.deprecatedInjectionValues" -}}
+{{- range $old, $new := dict "injectionMode" "deviceMode" "gpuResourcePolicy" "gpuResourcePolicy" "excludeNamespaces" "excludeNamespaces" "namespaceSelector" "namespaceSelector" }}
+{{- if not (kindIs "invalid" (index $.Values.webhook $old)) }}
+webhook.{{ $old }} injection.{{ $new }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+namespaceSelector of both webhooks and of the policies' bindings: never the release
+namespace (the webhook must not gate its own pods) nor injection.excludeNamespaces, ANDed
+with injection.namespaceSelector (or their deprecated webhook.* names).
 */}}
 {{- define "gpu-scheduler.namespaceSelector" -}}
-{{- with .Values.webhook.namespaceSelector.matchLabels }}
+{{- $exclude := .Values.injection.excludeNamespaces }}
+{{- if not (kindIs "invalid" .Values.webhook.excludeNamespaces) }}
+{{- $exclude = .Values.webhook.excludeNamespaces }}
+{{- end }}
+{{- $selector := .Values.injection.namespaceSelector }}
+{{- if not (kindIs "invalid" .Values.webhook.namespaceSelector) }}
+{{- $selector = .Values.webhook.namespaceSelector }}
+{{- end }}
+{{- with $selector.matchLabels }}
 matchLabels:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -236,8 +292,8 @@ matchExpressions:
   - key: kubernetes.io/metadata.name
     operator: NotIn
     values:
-      {{- toYaml (uniq (prepend .Values.webhook.excludeNamespaces .Release.Namespace)) | nindent 6 }}
-  {{- with .Values.webhook.namespaceSelector.matchExpressions }}
+      {{- toYaml (uniq (prepend (default list $exclude) .Release.Namespace)) | nindent 6 }}
+  {{- with $selector.matchExpressions }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end }}
@@ -313,11 +369,14 @@ The extender's URL as kube-scheduler calls it.
 Fail early on webhook settings that cannot work.
 */}}
 {{- define "gpu-scheduler.validateValues" -}}
-{{- if not (has .Values.injection.mode (list "webhook" "policy")) }}
-{{- fail (printf "injection.mode must be webhook or policy, not %q" (toString .Values.injection.mode)) }}
+{{- if not (has .Values.injection.mode (list "auto" "webhook" "policy")) }}
+{{- fail (printf "injection.mode must be auto, webhook or policy, not %q" (toString .Values.injection.mode)) }}
 {{- end }}
 {{- /* injection.mode=policy with webhook.enabled: both inject (the same variables), the middle
 step of moving from webhook to policy with no window (docs/injection.md); NOTES.txt says so. */}}
+{{- if and (eq .Values.injection.mode "policy") (not (include "gpu-scheduler.servesMutatingPolicy" .)) }}
+{{- fail (printf "injection.mode=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes >= 1.36), which this cluster does not serve (Kubernetes %s; with `helm template`, pass --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy): use injection.mode=webhook, or auto" .Capabilities.KubeVersion.Version) }}
+{{- end }}
 {{- if .Values.extender.enabled }}
 {{- if not .Values.extender.tls.caBundle }}
 {{- fail "extender.enabled needs extender.tls.caBundle (base64 PEM of the CA that signed the extender's serving certificate; kube-scheduler verifies the extender with it)" }}

@@ -109,6 +109,7 @@ def check_injected(pod: Mapping[str, Any], entry: Entry) -> list[Finding]:
             NOT_INJECTED,
             f"the pod was admitted without the webhook's GPU variables for replica {entry.ordinal} "
             f"({entry.node}:{entry.devices}): container {shown} has {state.found}; the webhook was "
-            "unreachable or timed out when the pod was created",
+            "unreachable or timed out when the pod was created (in injection policy mode: the pod "
+            "was created before the policy existed, or without the apps.kubernetes.io/pod-index label)",
         )
     ]

@@ -9,7 +9,9 @@ the pod's status (see localcluster/gitops_demo.py: kwok runs no containers).
 The tests run in file order over one cluster: the complete ApplicationSet (order,
 health, caBundle, drift under RollingSync, project, documented names), its deletion
 (order), then each individual ApplicationSet alone (selfHeal), then fresh Applications
-(a misplaced replica fails the sync; a path without cert-manager).
+(a misplaced replica fails the sync; a path without cert-manager; policy mode, the
+ApplicationSets' default, with no certificate at all). The ApplicationSets are applied in
+webhook mode (argocd/README.md, "Webhook mode"), the path with cert-manager.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class GitOps:
         self.hosts = HostComponents(cluster)
 
     def apply(self, name: str) -> None:
-        self.cluster.apply(argocd_manifest(name, self.repo_url))
+        # Webhook mode (argocd/README.md): what these tests cover is the webhook's path with
+        # cert-manager; the default, policy mode, is test_policy_mode_syncs_with_no_certificate.
+        self.cluster.apply(argocd_manifest(name, self.repo_url, webhook=True))
 
     def app(self, name: str) -> dict[str, Any]:
         return get(self.cluster, "applications.argoproj.io", name, "-n", "argocd")
@@ -667,4 +671,43 @@ def test_a_path_without_cert_manager_syncs(gitops: GitOps, tmp_path: Path) -> No
     assert hooks and all(
         h["clientConfig"]["caBundle"] == ca_bundle(certs) for w in hooks for h in w["webhooks"]
     )
+    gitops.delete_app(app)
+
+
+def test_policy_mode_syncs_with_no_certificate(gitops: GitOps) -> None:
+    """The ApplicationSets' default values (injection.mode auto, no webhook): Argo CD renders the
+    chart with the cluster's API versions, so the MutatingAdmissionPolicy injects and nothing
+    of the webhook or cert-manager is created."""
+    c = gitops.cluster
+    release = "pol"
+    values = {
+        "scheduler": {"name": "pol-scheduler"},
+        "injection": {
+            "mode": "auto",
+            # Matches no namespace (the chart also excludes its own): the other tests' pods
+            # keep the cert-manager release's webhook alone.
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": SYSTEM_NS}},
+        },
+    }
+    app = "gpu-scheduler-policy-mode"
+    # The Application below does not create it (no CreateNamespace); run alone, nothing has.
+    c.kubectl("create", "namespace", SYSTEM_NS, check=False)
+    c.apply(_application(gitops, app, "gpu-scheduler-chart", SYSTEM_NS, release, values))
+    gitops.request_sync(app)
+    gitops.wait(
+        lambda: gitops.operation(app).get("phase") == "Succeeded" and gitops.synced_healthy(app),
+        "the policy-mode Application Synced and Healthy",
+        timeout=180,
+    )
+    resources = gitops.app(app)["status"]["resources"]
+    kinds = {r["kind"] for r in resources}
+    assert {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "Deployment"} <= kinds, kinds
+    assert f"{release}-gpu-scheduler-map" in {
+        r["name"] for r in resources if r["kind"] == "ValidatingAdmissionPolicy"
+    }
+    assert not kinds & {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Secret"}, kinds
+    assert not [r for r in resources if r.get("group") == "cert-manager.io"], resources
+    deployment = get(c, "deployment", f"{release}-gpu-scheduler", "-n", SYSTEM_NS)
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == "true"
     gitops.delete_app(app)

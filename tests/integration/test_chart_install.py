@@ -33,10 +33,14 @@ CERT_MANAGER = SCHEDULER_CHART / "ci" / "webhook-cert-manager-values.yaml"
 
 
 def isolate_webhooks(values: dict[str, Any], namespace: str) -> dict[str, Any]:
-    """Scope the webhook configurations to the release namespace, which they also exclude:
-    they match nothing, so no other test's pods are sent to a webhook that does not run."""
+    """Scope the webhook configurations, or in policy mode (what injection.mode auto picks on
+    the local control plane when the webhook is off) the injection policies' bindings, to the
+    release namespace, which they also exclude: they match nothing, so no other test's pods
+    are sent to a webhook that does not run or checked by this release's policies."""
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     if values.get("webhook", {}).get("enabled"):
-        values["webhook"]["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        values["webhook"]["namespaceSelector"] = selector
+    values.setdefault("injection", {})["namespaceSelector"] = selector
     return values
 
 
@@ -136,6 +140,17 @@ def test_scheduler_chart_scenario_installs(
     if values.get("extender", {}).get("enabled"):
         expected.add(f"{release}-gpu-scheduler-kube-scheduler")
     assert deployments == expected
+    # The 1.37 control plane serves MutatingAdmissionPolicy v1: without the webhook,
+    # injection.mode auto installs the injection policies.
+    policies = {d["metadata"]["name"] for d in docs if d["kind"] == "MutatingAdmissionPolicy"}
+    webhook = bool(values.get("webhook", {}).get("enabled"))
+    assert policies == (set() if webhook else {f"{release}-gpu-scheduler-inject"})
+    assert bool([d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]) == webhook
+    scheduler = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{release}-gpu-scheduler"
+    )
+    env = {e["name"]: e.get("value") for e in scheduler["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == "true"
     assert_selectors_pick_their_own_pods(cluster, docs, namespace)
     commands = hook_commands(cluster, release, namespace)
     assert commands and all(c.argv[0] == "gpu-scheduler-check" and c.argv[1] == "http-get" for c in commands)

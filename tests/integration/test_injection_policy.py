@@ -17,7 +17,13 @@ returns the object it would store, without storing it.
   (gpu_scheduling.injection.desired_env) and a replica without an entry none; where the parser
   refuses it, the pod is refused (the refusal names the line), never admitted with devices;
 * the largest map the apiserver stores (256 KiB of annotations): admitted within the CEL cost
-  limits, with the time per admission printed (3 entries, 3,000 entries, the maximum).
+  limits, with the time per admission printed (3 entries, 3,000 entries, the maximum);
+* pods the StatefulSet controller creates are not checked again (their template was, when the
+  StatefulSet was written): who created a pod is the user the apiserver authenticated (here
+  impersonated), and only the controller's identity skips the check; a real StatefulSet with
+  a 3,000-entry map gets its pods with their devices, and one stored before the policy existed
+  (the documented trade-off) gets them too while a copy of its pod created by anyone else is
+  refused.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -217,8 +224,8 @@ def apiserver(cluster: Cluster) -> Iterator[Apiserver]:
     objects: list[dict[str, Any]] = []
     for mode, scheduler in SCHEDULERS.items():
         values = {
-            "webhook": {"enabled": False, "injectionMode": mode},
-            "injection": {"mode": "policy"},
+            "webhook": {"enabled": False},
+            "injection": {"mode": "policy", "deviceMode": mode},
             "scheduler": {"name": scheduler},
         }
         rendered = render_chart(cluster, f"inj-{mode}", "gpu-system", values)
@@ -478,3 +485,175 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
             answer = apiserver.create(obj)
             assert not answer.allowed
             assert problem in answer.message, answer.message[:500]
+
+
+# -- pods of the StatefulSet controller ------------------------------------------------------------
+
+# The StatefulSet controller as the apiserver authenticates it: its own ServiceAccount
+# (kube-controller-manager --use-service-account-credentials, as the local control plane
+# runs it), or the controller-manager's own user without that flag.
+STATEFULSET_CONTROLLER = "system:serviceaccount:kube-system:statefulset-controller"
+CONTROLLER_MANAGER = "system:kube-controller-manager"
+# Ordinal 0's entry is well-formed, line 2 is not: the parser refuses the whole map.
+HALF_BROKEN = "0=node1:1\n1=node2:x\n"
+MAP_POLICY = f"inj-cuda-{FULLNAME}-map"
+
+
+def owned_by(obj: dict[str, Any], kind: str = "StatefulSet", name: str = "w") -> dict[str, Any]:
+    obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": kind,
+            "name": name,
+            "uid": str(uuid.uuid4()),
+            "controller": True,
+        }
+    ]
+    return obj
+
+
+def create_as(apiserver: Apiserver, user: str, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """A dry-run create by ``user`` (impersonated; system:masters gives it the right)."""
+    return apiserver.cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-n", apiserver.namespace, "-f", "-",
+        f"--as={user}", "--as-group=system:masters",
+        input=json.dumps(obj), check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("user", "owner", "checked"),
+    [
+        (STATEFULSET_CONTROLLER, "StatefulSet", False),
+        (CONTROLLER_MANAGER, "StatefulSet", False),
+        # The controller-manager's user creates pods for every controller: only a pod whose
+        # controller is a StatefulSet skips the check.
+        (CONTROLLER_MANAGER, None, True),
+        (CONTROLLER_MANAGER, "ReplicaSet", True),
+        # Anyone else is checked, whatever ownerReference the pod claims.
+        ("alice", "StatefulSet", True),
+        ("system:serviceaccount:tenant:default", "StatefulSet", True),
+        ("system:serviceaccount:kube-system:replicaset-controller", "StatefulSet", True),
+    ],
+)
+def test_only_the_statefulset_controller_skips_the_pod_check(
+    apiserver: Apiserver, user: str, owner: str | None, checked: bool
+) -> None:
+    sent = pod(HALF_BROKEN, "0")
+    if owner:
+        owned_by(sent, owner)
+    res = create_as(apiserver, user, sent)
+    if checked:
+        assert res.returncode != 0, res.stdout[:300]
+        assert f"ValidatingAdmissionPolicy '{MAP_POLICY}'" in res.stderr, res.stderr
+        assert "line 2: " in res.stderr, res.stderr
+    else:
+        assert res.returncode == 0, res.stderr
+        admitted = json.loads(res.stdout)
+        # The mutation still gives the replica its entry's devices.
+        assert [gpu_env(c) for c in containers(admitted)] == [
+            {CUDA_VISIBLE_DEVICES: "1", CUDA_DEVICE_ORDER: "PCI_BUS_ID"}
+        ] * 2
+
+
+def real_pods(cluster: Cluster, namespace: str, app: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"app={app}", "-o", "json").stdout
+    return sorted(json.loads(out)["items"], key=lambda p: p["metadata"]["name"])
+
+
+def real_statefulset(text: str, name: str, replicas: int) -> dict[str, Any]:
+    sts = statefulset(text, replicas)
+    sts["metadata"]["name"] = name
+    sts["spec"]["serviceName"] = name
+    sts["spec"]["podManagementPolicy"] = "Parallel"
+    sts["spec"]["selector"] = {"matchLabels": {"app": name}}
+    sts["spec"]["template"]["metadata"]["labels"] = {"app": name}
+    return sts
+
+
+def wait_for_replicas(apiserver: Apiserver, name: str, text: str, replicas: int) -> list[dict[str, Any]]:
+    """The StatefulSet controller's pods, once each carries its entry's variables."""
+    found: list[dict[str, Any]] = []
+
+    def injected() -> bool:
+        found[:] = real_pods(apiserver.cluster, apiserver.namespace, name)
+        return len(found) == replicas and all(gpu_env(c) for p in found for c in containers(p))
+
+    apiserver.cluster.wait_until(injected, 120, f"{replicas} pods of StatefulSet {name} with their devices")
+    return found
+
+
+def test_a_statefulset_with_a_large_map_gets_its_pods_with_their_devices(apiserver: Apiserver) -> None:
+    text = "".join(large_map(ANNOTATIONS_LIMIT).splitlines(keepends=True)[:3000])
+    name = f"big-{uuid.uuid4().hex[:6]}"
+    apiserver.cluster.kubectl(
+        "create", "-n", apiserver.namespace, "-f", "-", input=json.dumps(real_statefulset(text, name, 2))
+    )
+    try:
+        pods = wait_for_replicas(apiserver, name, text, 2)
+        for p in pods:
+            ordinal = p["metadata"]["labels"][POD_INDEX_LABEL]
+            want = expected_gpu_env(text, ordinal, "cuda")
+            assert [gpu_env(c) for c in containers(p)] == [want], p["metadata"]["name"]
+    finally:
+        apiserver.cluster.kubectl("delete", "statefulset", name, "-n", apiserver.namespace, "--wait=false")
+
+
+def test_a_statefulset_stored_before_the_policy_is_not_checked_again(apiserver: Apiserver) -> None:
+    """The trade-off of trusting the controller: a StatefulSet written while the map policy was
+    not in effect keeps a map the policy would refuse, and its controller's pods are admitted
+    (with the devices of their own, well-formed, entry; the scheduler parses the whole map and
+    binds none of them). Anyone else creating the same pod is refused."""
+    cluster = apiserver.cluster
+    # Both releases' map policies check every StatefulSet that carries a map.
+    names = [f"inj-{mode}-{FULLNAME}-map" for mode in SCHEDULERS]
+    bindings = []
+    for binding_name in names:
+        binding = json.loads(
+            cluster.kubectl("get", "validatingadmissionpolicybinding", binding_name, "-o", "json").stdout
+        )
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields", "generation"):
+            binding["metadata"].pop(key, None)
+        binding.pop("status", None)
+        bindings.append(binding)
+    name = f"old-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("delete", "validatingadmissionpolicybinding", *names)
+    try:
+        cluster.wait_until(
+            lambda: apiserver.create(real_statefulset(HALF_BROKEN, name, 0)).allowed,
+            60,
+            "the map policies out of effect",
+        )
+        cluster.kubectl(
+            "create",
+            "-n",
+            apiserver.namespace,
+            "-f",
+            "-",
+            input=json.dumps(real_statefulset(HALF_BROKEN, name, 0)),
+        )
+    finally:
+        cluster.apply(bindings)
+    try:
+        cluster.wait_until(
+            lambda: (
+                not apiserver.create(real_statefulset(HALF_BROKEN, name + "-new", 1)).allowed
+                and not apiserver.create(pod(HALF_BROKEN, "0")).allowed
+            ),
+            60,
+            "the map policies back in effect",
+        )
+        # The policy now refuses the StatefulSet as written, and (below) a pod of it from anyone else.
+        # Scaling goes through statefulsets/scale, which the policy does not match.
+        cluster.kubectl("scale", "statefulset", name, "-n", apiserver.namespace, "--replicas=1")
+        (replica,) = wait_for_replicas(apiserver, name, HALF_BROKEN, 1)
+        assert [gpu_env(c) for c in containers(replica)] == [
+            {CUDA_VISIBLE_DEVICES: "1", CUDA_DEVICE_ORDER: "PCI_BUS_ID"}
+        ]
+        copy = pod(HALF_BROKEN, "0", name=f"{name}-0-copy")
+        copy["metadata"]["labels"] = dict(replica["metadata"]["labels"])
+        owned_by(copy, "StatefulSet", name)
+        refused = apiserver.create(copy)
+        assert not refused.allowed and "line 2: " in refused.message, refused.message
+    finally:
+        cluster.kubectl("delete", "statefulset", name, "-n", apiserver.namespace, "--wait=false")

@@ -1,11 +1,13 @@
 """`make gitops-demo` on the real node: Argo CD syncs argocd/ from a local bare repository,
-the scheduler and the webhook run as pods on the real kubelet from the image built here, and
-the check chart's verification hook pod runs there too, so the scheduler Application's
-Healthy is the readiness of real pods.
+the scheduler (and in webhook mode the webhook) runs as pods on the real kubelet from the
+image built here, and the check chart's verification hook pod runs there too, so the
+scheduler Application's Healthy is the readiness of real pods.
 
-It starts a control plane with a real node of its own (cert-manager and Argo CD as host
-processes, as the demo does): tests/node/conftest.py runs it before the package's node, as
-only one real node runs on a host at a time.
+Both modes: policy (argocd/'s default; no cert-manager, no certificate anywhere) and webhook
+(`GITOPS_ARGS=--webhook`: argocd/README.md's webhook mode, cert-manager issuing the webhook's
+certificate). Each starts a control plane with a real node of its own (Argo CD, and
+cert-manager in webhook mode, as host processes, as the demo does): tests/node/conftest.py
+runs them before the package's node, as only one real node runs on a host at a time.
 """
 
 from __future__ import annotations
@@ -36,15 +38,19 @@ def _pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any
     return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
-def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_image: Image) -> None:
+@pytest.mark.parametrize("mode", ["policy", "webhook"])
+def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_image: Image, mode: str) -> None:
+    webhook = mode == "webhook"
+    components_expected = {"scheduler", "webhook"} if webhook else {"scheduler"}
     c = Cluster.start(
         tmp_path / "cluster", gpu_nodes=3, gpus_per_node=4, real_node=True, images=[product_image.archive]
     )
     try:
-        start_cert_manager(c)
+        if webhook:
+            start_cert_manager(c)
         start_argocd(c)
         repo_url = bare_repository(tmp_path / "git" / "gpu-scheduler.git", REPO)
-        outcome = sync_argocd(c, product_image, repo_url, timeout=300)
+        outcome = sync_argocd(c, product_image, repo_url, timeout=300, webhook=webhook)
         report(outcome)  # in the test's output, for a failure
 
         # Both Applications Synced and Healthy, their syncs Succeeded; every replica placed.
@@ -57,9 +63,24 @@ def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_ima
             c, "applicationsets.argoproj.io", "gpu-scheduler-complete", "-n", "argocd"
         )
 
-        # The scheduler and the webhook: Argo CD's Deployments, running as containers on the
+        # The scheduler (and the webhook): Argo CD's Deployments, running as containers on the
         # real kubelet node from the image built here, Ready.
-        for dep in ("gpu-scheduler", "gpu-scheduler-webhook"):
+        resources = get(c, "applications.argoproj.io", SCHED_APP, "-n", "argocd")["status"]["resources"]
+        kinds = {r["kind"] for r in resources}
+        if webhook:
+            assert {"MutatingWebhookConfiguration", "Certificate"} <= kinds, kinds
+            assert "MutatingAdmissionPolicy" not in kinds, kinds
+        else:
+            # No certificate anywhere: no webhook, no Secret, no cert-manager (not even its CRDs).
+            assert "MutatingAdmissionPolicy" in kinds, kinds
+            assert not kinds & {"MutatingWebhookConfiguration", "Secret", "Certificate", "Issuer"}, kinds
+            assert c.kubectl("get", "crd", "certificates.cert-manager.io", check=False).returncode != 0
+            tls = c.kubectl(
+                "get", "secrets", "-A", "--field-selector", "type=kubernetes.io/tls", "-o", "name"
+            )
+            assert not tls.stdout.split(), tls.stdout
+        deployments = ("gpu-scheduler", "gpu-scheduler-webhook") if webhook else ("gpu-scheduler",)
+        for dep in deployments:
             d = get(c, "deployment", dep, "-n", SYSTEM_NS)
             tracking = d["metadata"].get("annotations", {}).get("argocd.argoproj.io/tracking-id", "")
             assert tracking.startswith(f"{SCHED_APP}:apps/Deployment:{SYSTEM_NS}/{dep}"), d["metadata"]
@@ -67,7 +88,7 @@ def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_ima
         assert KWOK_ANNOTATION not in (node["metadata"].get("annotations") or {}), "not the real kubelet"
         pods = _pods(c, SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}")
         components = {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in pods}
-        assert {"scheduler", "webhook"} <= components, components
+        assert components_expected <= components, components
         ready_at = []
         for p in pods:
             if p["metadata"]["labels"].get("app.kubernetes.io/component") not in ("scheduler", "webhook"):

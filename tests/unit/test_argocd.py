@@ -21,6 +21,7 @@ APPSETS = {
     "check": ARGOCD / "gpu-scheduler-check-applicationset.yaml",
 }
 SERVER = "https://kubernetes.default.svc"
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 NAMESPACES = {
     "gpu-scheduler-chart": "gpu-scheduler-system",
     "gpu-scheduler-check-chart": "gpu-scheduler-tests",
@@ -254,17 +255,44 @@ def test_missing_annotation_fails_generation(secret: dict[str, Any]) -> None:
         generate(load(APPSETS["complete"]), bare)
 
 
-def test_webhook_ca_bundle_is_ignored_under_cert_manager(secret: dict[str, Any]) -> None:
+def test_the_scheduler_chart_injects_with_the_policy_by_default(secret: dict[str, Any]) -> None:
+    """No webhook, no cert-manager: injection.mode auto, which Argo CD renders with the
+    destination cluster's API versions (policy where MutatingAdmissionPolicy v1 is served)."""
     for name in ("complete", "scheduler"):
         for app in generate(load(APPSETS[name]), secret):
             if app["spec"]["source"]["path"] != "gpu-scheduler-chart":
                 continue
             values = yaml.safe_load(app["spec"]["source"]["helm"]["values"])
+            assert values["injection"] == {"mode": "auto"}
+            assert "webhook" not in values
+            docs = render(SCHEDULER_CHART, values=values, extra=["--api-versions", MAP_API])
+            kinds = {d["kind"] for d in docs}
+            assert "MutatingAdmissionPolicy" in kinds
+            assert not kinds & {"MutatingWebhookConfiguration", "Certificate", "Issuer", "Secret"}
+
+
+def test_webhook_mode_ignores_the_ca_bundle_cert_manager_injects(secret: dict[str, Any]) -> None:
+    """argocd/README.md's webhook mode (localcluster.gitops.WEBHOOK_MODE_VALUES): the caBundle
+    cert-manager's injector writes is ignored, and the webhook stays on a cluster serving
+    MutatingAdmissionPolicy (auto never replaces an enabled webhook)."""
+    from localcluster.gitops import argocd_manifest
+
+    for name in ("complete", "scheduler"):
+        (appset,) = argocd_manifest(APPSETS[name].name, webhook=True)
+        for app in generate(appset, secret):
+            values = yaml.safe_load(app["spec"]["source"]["helm"]["values"])
+            if app["spec"]["source"]["path"] != "gpu-scheduler-chart":
+                assert "webhook" not in values
+                continue
             assert values["webhook"]["certManager"]["enabled"] is True
             ignored = {d["kind"]: d["jqPathExpressions"] for d in app["spec"]["ignoreDifferences"]}
             for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
                 assert ignored[kind] == [".webhooks[]?.clientConfig.caBundle"]
             assert "RespectIgnoreDifferences=true" in app["spec"]["syncPolicy"]["syncOptions"]
+            docs = render(SCHEDULER_CHART, values=values, extra=["--api-versions", MAP_API])
+            kinds = {d["kind"] for d in docs}
+            assert {"MutatingWebhookConfiguration", "Certificate"} <= kinds
+            assert "MutatingAdmissionPolicy" not in kinds
 
 
 def test_project(project: dict[str, Any], secret: dict[str, Any]) -> None:
@@ -288,6 +316,8 @@ def chart_kinds() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         "ValidatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
     }
     all_features = {
         "replicaCount": 2,
@@ -300,6 +330,8 @@ def chart_kinds() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         for f in ci_values(chart):
             docs += render(chart, [f])
     docs += render(SCHEDULER_CHART, values=all_features)
+    # Policy mode, on a cluster that serves MutatingAdmissionPolicy v1 (the ApplicationSets' default).
+    docs += render(SCHEDULER_CHART, extra=["--api-versions", MAP_API])
     docs += render(
         SCHEDULER_CHART,
         values={"webhook": {"enabled": True, "caBundle": "QQ==", "tls": {"crt": "c", "key": "k"}}},

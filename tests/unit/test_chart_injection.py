@@ -1,8 +1,10 @@
-"""injection.mode: `webhook` (the webhook injects, as before) or `policy` (a MutatingAdmissionPolicy
-injects and ValidatingAdmissionPolicies check the map, with no webhook anywhere).
+"""injection.mode: `webhook` (the webhook injects, as before), `policy` (a MutatingAdmissionPolicy
+injects and ValidatingAdmissionPolicies check the map, with no webhook anywhere) or `auto` (the
+default: policy where the cluster serves MutatingAdmissionPolicy v1 and the webhook is not enabled).
 
 What the policies decide is tested on the real apiserver (tests/integration/test_injection_policy.py);
-here: what each mode renders, and the values each refuses.
+here: what each mode renders, with and without the API in helm's capabilities, and the values each
+refuses.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ CHART = SCHEDULER_CHART
 FULL = "rel-gpu-scheduler"
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
 POLICY = {"injection": {"mode": "policy"}}
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+# helm's capabilities of a cluster that serves MutatingAdmissionPolicy v1 (Kubernetes >= 1.36).
+SERVED = ["--api-versions", MAP_API]
 # Every kind only the webhook needs.
 WEBHOOK_KINDS = {
     "MutatingWebhookConfiguration",
@@ -43,16 +48,87 @@ def mentions_webhook(doc: dict[str, Any]) -> bool:
     return "webhook" in meta["name"] or labels.get("app.kubernetes.io/component") == "webhook"
 
 
-def test_webhook_is_the_default_mode_and_renders_no_policy() -> None:
-    for values in ({}, {"webhook": {"enabled": True, "caBundle": CA}}):
-        docs = render(CHART, values=values)
-        assert not find(docs, "MutatingAdmissionPolicy")
+def mode_of(docs: list[dict[str, Any]]) -> str:
+    """What a rendering injects with: policy, webhook or nothing."""
+    policy = bool(find(docs, "MutatingAdmissionPolicy"))
+    webhook = bool(find(docs, "MutatingWebhookConfiguration"))
+    assert not (policy and webhook), "both injection modes rendered"
+    return "policy" if policy else "webhook" if webhook else "none"
+
+
+def scheduler_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    deployment = one(docs, "Deployment", FULL)
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+WEBHOOK_ON = {"webhook": {"enabled": True, "caBundle": CA}}
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "served", "values", "mode", "require"),
+    [
+        # auto (the default): policy where the cluster serves the API, nothing injected where not.
+        ("1.37.0", True, {}, "policy", "true"),
+        ("1.36.0", True, {}, "policy", "true"),
+        ("1.37.0", False, {}, "none", "false"),
+        ("1.31.0", False, {}, "none", "false"),
+        # An installation that enabled the webhook keeps it, whatever the cluster serves.
+        ("1.37.0", True, WEBHOOK_ON, "webhook", "true"),
+        ("1.31.0", False, WEBHOOK_ON, "webhook", "true"),
+        ("1.37.0", True, {"injection": {"mode": "auto"}, **WEBHOOK_ON}, "webhook", "true"),
+        # Explicit modes.
+        ("1.37.0", True, {"injection": {"mode": "webhook"}}, "none", "false"),
+        ("1.37.0", True, {"injection": {"mode": "webhook"}, **WEBHOOK_ON}, "webhook", "true"),
+        ("1.31.0", False, {"injection": {"mode": "webhook"}, **WEBHOOK_ON}, "webhook", "true"),
+        ("1.37.0", True, POLICY, "policy", "true"),
+        ("1.37.0", True, {**POLICY, "webhook": {"enabled": False}}, "policy", "true"),
+    ],
+)
+def test_auto_is_policy_where_the_cluster_serves_it(
+    kube_version: str, served: bool, values: dict[str, Any], mode: str, require: str
+) -> None:
+    docs = render(CHART, values=values, kube_version=kube_version, extra=SERVED if served else [])
+    assert mode_of(docs) == mode
+    if mode != "policy":
+        assert not find(docs, "ValidatingAdmissionPolicy", f"{FULL}-map")
         assert names(docs, "ValidatingAdmissionPolicy") == {f"{FULL}-pods"}
+    env = scheduler_env(docs)
+    # The scheduler binds only injected pods wherever something injects them.
+    assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == require
+    assert env["GPU_SCHEDULER_RECREATE_NOT_INJECTED"] == "true"
+    off = render(
+        CHART,
+        values={**values, "scheduler": {"recreateNotInjected": False}},
+        kube_version=kube_version,
+        extra=SERVED if served else [],
+    )
+    assert scheduler_env(off)["GPU_SCHEDULER_RECREATE_NOT_INJECTED"] == "false"
+    assert scheduler_env(off)["GPU_SCHEDULER_REQUIRE_INJECTION"] == require
+
+
+def test_webhook_mode_renders_the_same_with_or_without_the_api() -> None:
+    for values in (WEBHOOK_ON, {"injection": {"mode": "webhook"}}):
+        with_api = template(CHART, values=values, extra=SERVED)
+        without = template(CHART, values=values)
+        assert with_api.returncode == 0 and with_api.stdout == without.stdout
+
+
+@pytest.mark.parametrize("kube_version", ["1.31.0", "1.37.0"])
+def test_policy_where_the_cluster_does_not_serve_it_fails_naming_the_version(kube_version: str) -> None:
+    res = template(CHART, values=POLICY, kube_version=kube_version)
+    assert res.returncode != 0
+    assert (
+        "injection.mode=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy "
+        f"(Kubernetes >= 1.36), which this cluster does not serve (Kubernetes v{kube_version}"
+    ) in res.stderr, res.stderr
+    assert f"--api-versions {MAP_API}" in res.stderr
 
 
 @pytest.mark.parametrize("device_mode", ["cuda", "nvidia"])
 def test_policy_mode_renders_the_policies_and_nothing_of_the_webhook(device_mode: str) -> None:
-    docs = render(CHART, values={**POLICY, "webhook": {"injectionMode": device_mode}})
+    docs = render(
+        CHART, values={**POLICY, "injection": {"mode": "policy", "deviceMode": device_mode}}, extra=SERVED
+    )
     assert names(docs, "MutatingAdmissionPolicy") == {f"{FULL}-inject"}
     assert names(docs, "MutatingAdmissionPolicyBinding") == {f"{FULL}-inject"}
     # The trust rules stay; the map's grammar and its warnings are new.
@@ -74,7 +150,7 @@ def test_policy_mode_renders_the_policies_and_nothing_of_the_webhook(device_mode
 
 
 def test_policy_mode_matches_the_schedulers_mapped_replicas() -> None:
-    docs = render(CHART, values={**POLICY, "scheduler": {"name": "my-gpus"}})
+    docs = render(CHART, values={**POLICY, "scheduler": {"name": "my-gpus"}}, extra=SERVED)
     condition = one(docs, "MutatingAdmissionPolicy")["spec"]["matchConditions"][0]["expression"]
     assert "'gpu-scheduling-map'" in condition
     assert "== 'my-gpus'" in condition
@@ -90,23 +166,120 @@ def test_policy_mode_matches_the_schedulers_mapped_replicas() -> None:
     assert one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map-warnings")["spec"]["failurePolicy"] == "Ignore"
 
 
-def test_policy_mode_makes_the_scheduler_require_the_injection() -> None:
-    for values, require in (({}, "false"), (POLICY, "true")):
-        deployment = one(render(CHART, values=values), "Deployment", FULL)
-        env = {
-            e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-        }
-        assert env["GPU_SCHEDULER_REQUIRE_INJECTION"] == require
+def test_the_map_policy_leaves_the_statefulset_controllers_pods_to_the_statefulset_check() -> None:
+    docs = render(CHART, values=POLICY, extra=SERVED)
+    conditions = {
+        c["name"]: c["expression"]
+        for c in one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map")["spec"]["matchConditions"]
+    }
+    skip = conditions["not-from-the-statefulset-controller"]
+    # Who created the pod, as the apiserver authenticated it (a tenant cannot claim it).
+    assert "request.userInfo.username != 'system:serviceaccount:kube-system:statefulset-controller'" in skip
+    assert "request.userInfo.username != 'system:kube-controller-manager'" in skip
+    assert "request.kind.kind != 'Pod' ||" in skip
+    # The mutation and the warnings still see every pod.
+    for kind, name in (("MutatingAdmissionPolicy", "inject"), ("ValidatingAdmissionPolicy", "map-warnings")):
+        assert "userInfo" not in str(one(docs, kind, f"{FULL}-{name}")["spec"])
 
 
-def test_the_gpu_resource_policy_is_a_warning_or_a_denial() -> None:
+@pytest.mark.parametrize("key", ["injection", "webhook"])
+def test_the_gpu_resource_policy_is_a_warning_or_a_denial(key: str) -> None:
     for policy, vap in (("warn", f"{FULL}-map-warnings"), ("deny", f"{FULL}-map")):
-        docs = render(CHART, values={**POLICY, "webhook": {"gpuResourcePolicy": policy}})
+        docs = render(
+            CHART, values={**POLICY, key: {**POLICY.get(key, {}), "gpuResourcePolicy": policy}}, extra=SERVED
+        )
         assert "nvidia.com/gpu" in str(one(docs, "ValidatingAdmissionPolicy", vap)["spec"]["validations"])
         other = ({f"{FULL}-map-warnings", f"{FULL}-map"} - {vap}).pop()
         assert "nvidia.com/gpu" not in str(
             one(docs, "ValidatingAdmissionPolicy", other)["spec"]["validations"]
         )
+
+
+def webhook_env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    deployment = one(docs, "Deployment", f"{FULL}-webhook")
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def selectors(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The namespaceSelector of every webhook and policy binding rendered."""
+    found = [
+        w["namespaceSelector"]
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for d in find(docs, kind)
+        for w in d["webhooks"]
+    ]
+    found += [
+        d["spec"]["matchResources"]["namespaceSelector"]
+        for kind in ("MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding")
+        for d in find(docs, kind)
+        if d["metadata"]["name"] != f"{FULL}-pods"
+    ]
+    return found
+
+
+SETTINGS = {
+    "deviceMode": "nvidia",
+    "gpuResourcePolicy": "deny",
+    "excludeNamespaces": ["ops"],
+    "namespaceSelector": {"matchLabels": {"gpu": "on"}},
+}
+OLD_NAMES = {"deviceMode": "injectionMode"}
+
+
+@pytest.mark.parametrize("where", ["injection", "webhook (deprecated)"])
+@pytest.mark.parametrize("mode", ["webhook", "policy"])
+def test_injection_settings_serve_both_modes_under_either_name(where: str, mode: str) -> None:
+    if where == "injection":
+        values: dict[str, Any] = {"injection": dict(SETTINGS)}
+    else:
+        values = {"webhook": {OLD_NAMES.get(k, k): v for k, v in SETTINGS.items()}}
+    values.setdefault("injection", {})["mode"] = mode
+    if mode == "webhook":
+        values.setdefault("webhook", {}).update(enabled=True, caBundle=CA)
+    docs = render(CHART, values=values, extra=SERVED)
+    assert mode_of(docs) == mode
+    if mode == "webhook":
+        env = webhook_env(docs)
+        assert (env["WEBHOOK_INJECTION_MODE"], env["WEBHOOK_GPU_RESOURCE_POLICY"]) == ("nvidia", "deny")
+    else:
+        assert "NVIDIA_VISIBLE_DEVICES" in str(one(docs, "MutatingAdmissionPolicy")["spec"])
+        assert "nvidia.com/gpu" in str(
+            one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map")["spec"]["validations"]
+        )
+    found = selectors(docs)
+    assert len(found) == 2 if mode == "webhook" else 3
+    for selector in found:
+        assert selector["matchLabels"] == {"gpu": "on"}
+        assert selector["matchExpressions"][0]["values"] == ["gpu-ns", "ops"]
+
+
+def test_the_deprecated_name_wins_and_notes_say_where_it_moved(tmp_path) -> None:
+    docs = render(
+        CHART,
+        values={
+            **POLICY,
+            "injection": {"mode": "policy", "deviceMode": "cuda"},
+            "webhook": {"injectionMode": "nvidia"},
+        },
+        extra=SERVED,
+    )
+    assert "NVIDIA_VISIBLE_DEVICES" in str(one(docs, "MutatingAdmissionPolicy")["spec"])
+    defaults = render(CHART, values=POLICY, extra=SERVED)
+    assert "NVIDIA_VISIBLE_DEVICES" not in str(one(defaults, "MutatingAdmissionPolicy")["spec"])
+    assert all(s["matchExpressions"][0]["values"] == ["gpu-ns", "kube-system"] for s in selectors(defaults))
+    text = render_notes(
+        CHART, tmp_path / "old", "webhook.injectionMode=nvidia", "webhook.excludeNamespaces={ops}"
+    )
+    assert (
+        "Deprecated: webhook.injectionMode is set; it still works, but move it to injection.deviceMode"
+        in text
+    )
+    assert (
+        "Deprecated: webhook.excludeNamespaces is set; it still works, but move it to injection.excludeNamespaces"
+        in text
+    )
+    assert "gpuResourcePolicy" not in text
+    assert "Deprecated" not in render_notes(CHART, tmp_path / "new", "injection.deviceMode=nvidia")
 
 
 @pytest.mark.parametrize(
@@ -115,10 +288,13 @@ def test_the_gpu_resource_policy_is_a_warning_or_a_denial() -> None:
         ({"injection": {"mode": "policies"}}, "injection/mode"),
         ({"injection": {"mode": ""}}, "injection/mode"),
         ({"injection": {"mdoe": "policy"}}, "mdoe"),
+        ({"injection": {"deviceMode": "rocm"}}, "injection/deviceMode"),
+        ({"webhook": {"injectionMode": "rocm"}}, "webhook/injectionMode"),
+        ({**POLICY}, "injection.mode=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy"),
     ],
 )
 def test_bad_injection_values_fail_with_a_clear_message(values: dict[str, Any], message: str) -> None:
-    res = template(CHART, values=values)
+    res = template(CHART, values=values, extra=SERVED if "needs" not in message else [])
     assert res.returncode != 0
     assert message in res.stderr, res.stderr
 
@@ -128,11 +304,16 @@ def test_policy_mode_with_the_webhook_on_renders_both_the_middle_step_of_a_migra
     while the webhook still injects, and the webhook removed once the policy is in place; the
     release in between runs both (tests/node/test_upgrades.py shows there is no window)."""
     values = {**POLICY, "webhook": {"enabled": True, "caBundle": CA, "tls": {"crt": "c", "key": "k"}}}
-    docs = render(CHART, values=values)
+    docs = render(CHART, values=values, extra=SERVED)
     assert names(docs, "MutatingAdmissionPolicy") == {f"{FULL}-inject"}
     assert find(docs, "MutatingWebhookConfiguration")
     assert {d["kind"] for d in docs} >= {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     notes = render_notes(
-        CHART, tmp_path, "injection.mode=policy", "webhook.enabled=true", f"webhook.caBundle={CA}"
+        CHART,
+        tmp_path,
+        "injection.mode=policy",
+        "webhook.enabled=true",
+        f"webhook.caBundle={CA}",
+        extra=SERVED,
     )
     assert "AND the webhook is on: both inject" in notes and "--set webhook.enabled=false" in notes, notes

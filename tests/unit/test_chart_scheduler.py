@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1055,7 +1056,7 @@ def test_helm_test_scheduler_url_override() -> None:
 
 
 # ---------------------------------------------------------------- NOTES, values.yaml
-def render_notes(chart: Path, tmp_path: Path, *set_args: str) -> str:
+def render_notes(chart: Path, tmp_path: Path, *set_args: str, extra: Sequence[str] = ()) -> str:
     """NOTES.txt as helm prints it after an install. helm template never renders
     NOTES.txt, so a copy of the chart renders it through tpl into a ConfigMap."""
     import shutil
@@ -1067,7 +1068,7 @@ def render_notes(chart: Path, tmp_path: Path, *set_args: str) -> str:
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
         'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
     )
-    docs = render(copy, set_args=set_args, extra=["--show-only", "templates/zz-notes.yaml"])
+    docs = render(copy, set_args=set_args, extra=[*extra, "--show-only", "templates/zz-notes.yaml"])
     return str(docs[0]["data"]["notes"])
 
 
