@@ -194,8 +194,8 @@ class Bench:
         of the scheduler nobody runs in namespaces labelled ``WEBHOOK_LABEL=policy``."""
         assert self.cluster is not None and self.raw is not None
         values = {
-            "injection": {"mode": "policy"},
-            "webhook": {"enabled": False, "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "policy"}}},
+            "injection": {"mode": "policy", "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "policy"}}},
+            "webhook": {"enabled": False},
             "scheduler": {"name": NOBODY},
         }
         kinds = {
