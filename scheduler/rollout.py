@@ -253,6 +253,10 @@ class RolloutEvictions:
                 )
             if status.kind is ApiError.NOT_FOUND:
                 return "it is gone"
+            if (
+                status.kind is ApiError.CONFLICT
+            ):  # the UID precondition: deleted (its controller's rollout), recreated
+                return "it is gone (replaced by a new pod of that name)"
             log.warning("eviction failed", extra={"pod": key, "error": error_message(err)})
             return f"evicting it failed: {error_message(err)}"
         with self._lock:

@@ -452,4 +452,9 @@ def test_two_statefulsets_trading_gpus(
         sampler.stop()
     sampler.check()
     evicted = _evicted(kube, namespace, "a-0", "a-1", "b-0", "b-1")
-    assert evicted == (["a-0", "b-0"] if evict_other_workloads else []), evicted
+    if evict_other_workloads:
+        # One eviction breaks the jam: that StatefulSet's ordinal 1 binds and its own controller
+        # goes on to replace its ordinal 0 (which the other's replica may have evicted first).
+        assert evicted and set(evicted) <= {"a-0", "b-0"}, evicted
+    else:
+        assert evicted == [], evicted

@@ -327,3 +327,12 @@ def test_a_terminating_replica_of_an_earlier_statefulset_of_the_same_name_is_wai
     assert writer.evicted == []
     assert "an earlier StatefulSet ns/w (deleted and created again since)" in decision.message
     assert "is terminating: the GPU is free once it is gone" in decision.message
+
+
+def test_a_holder_replaced_before_its_eviction_is_said_gone() -> None:
+    """The eviction carries the holder's UID: a pod of that name recreated meanwhile is left alone."""
+    decision, writer, events = run(
+        replica(0, "w-old", node="node1"), fail=ApiException(status=409, reason="Conflict")
+    )
+    assert writer.evicted == [] and events.sent == []
+    assert "it is gone (replaced by a new pod of that name)" in decision.message
