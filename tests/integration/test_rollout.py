@@ -77,8 +77,11 @@ class HolderSampler(threading.Thread):
             time.sleep(0.01)
 
     def stop(self) -> None:
+        """Stop sampling and check what was seen (also when the transition itself failed: a
+        GPU held twice or a replica moved twice is the verdict that matters most)."""
         self._stop_evt.set()
         self.join(timeout=10)
+        self.check()
 
     def check(self) -> None:
         """No GPU was ever held twice, and no replica was replaced more than once: at most two
@@ -139,7 +142,6 @@ def _roll(
         took = time.monotonic() - started
     finally:
         sampler.stop()
-    sampler.check()
     # Every replica was replaced exactly once: a new UID each, and no replica of the new
     # revision was evicted (only outdated ones are).
     now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in _pods(cluster, namespace)}
@@ -267,7 +269,6 @@ def test_on_delete_nothing_moves_by_itself_and_the_note_names_the_pod_to_delete(
         )
     finally:
         sampler.stop()
-    sampler.check()
     assert _evicted(kube, namespace, "w-0", "w-1") == []  # the operator moved them, not us
 
 
@@ -310,7 +311,6 @@ def test_a_partition_moves_only_the_replicas_at_or_above_it(
         wait_for(lambda: _settled(cluster, namespace, after), ROLLOUT_DEADLINE_S, what="the whole rollout")
     finally:
         sampler.stop()
-    sampler.check()
     assert _evicted(kube, namespace, "w-0", "w-1", "w-2", "w-3") == ["w-0", "w-2"]
 
 
@@ -347,7 +347,6 @@ def test_parallel_with_max_unavailable_evicts_several_holders_at_once(
         wait_for(lambda: _settled(cluster, namespace, _nodes(after)), ROLLOUT_DEADLINE_S, what="the rollout")
     finally:
         sampler.stop()
-    sampler.check()
     assert _evicted(kube, namespace, "w-0", "w-1", "w-2", "w-3") == ["w-0", "w-1"]
 
 
@@ -399,11 +398,10 @@ def test_a_statefulset_deleted_and_created_again_waits_for_its_old_pods_to_go(
             lambda: _settled(cluster, namespace, _nodes(SWAP_AFTER)), ROLLOUT_DEADLINE_S, what="the new pods"
         )
     finally:
-        sampler.stop()
         for pod in _pods(cluster, namespace):
             if HOLD in (pod["metadata"].get("finalizers") or []):
                 release(pod["metadata"]["name"])
-    sampler.check()
+        sampler.stop()
     assert _evicted(kube, namespace, "w-0", "w-1") == []
 
 
@@ -450,7 +448,6 @@ def test_two_statefulsets_trading_gpus(
             )
     finally:
         sampler.stop()
-    sampler.check()
     evicted = _evicted(kube, namespace, "a-0", "a-1", "b-0", "b-1")
     if evict_other_workloads:
         # One eviction breaks the jam: that StatefulSet's ordinal 1 binds and its own controller
