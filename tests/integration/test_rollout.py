@@ -3,8 +3,8 @@
 
 No GPU is ever held by two pods: a sampler reads every pod of the namespace through the API
 continuously (a list every ~10 ms) during the whole transition (a terminating pod still holds its GPUs) and
-collects any node:GPU claimed by two bound pods at once, and every UID each replica name had
-(a replica replaced at most once was bound under at most two).
+collects any node:GPU claimed by two bound pods at once, and where each replica was bound (a
+replica replaced at most once was bound in at most two places: its old one and its new one).
 
 Besides the rolling update of one StatefulSet: the OnDelete strategy, a partition, Parallel pod
 management with maxUnavailable, a StatefulSet deleted and created again with another map, and
@@ -45,7 +45,8 @@ class HolderSampler(threading.Thread):
         self.core, self.namespace = client.CoreV1Api(kube), namespace
         self.samples = 0
         self.violations: list[str] = []
-        self.uids: dict[str, dict[str, str]] = {}  # each pod name's bound UIDs: revision, node
+        # Where each replica (pod name) was bound: (revision, node) -> the UIDs bound so.
+        self.placements: dict[str, dict[tuple[str, str], set[str]]] = {}
         self._stop_evt = threading.Event()
 
     def run(self) -> None:
@@ -62,8 +63,9 @@ class HolderSampler(threading.Thread):
             for pod in pods:
                 node, meta = pod["spec"].get("nodeName"), pod["metadata"]
                 if node:  # a replica moves when it is bound again (see check())
-                    seen = self.uids.setdefault(meta["name"], {})
-                    seen[meta["uid"]] = f"revision {meta['labels'].get('controller-revision-hash')} on {node}"
+                    seen = self.placements.setdefault(meta["name"], {})
+                    where = (str(meta["labels"].get("controller-revision-hash")), str(node))
+                    seen.setdefault(where, set()).add(meta["uid"][:8])
                 if not node or pod["status"].get("phase") in ("Succeeded", "Failed"):
                     continue
                 _, entry = entry_for(pod["metadata"])  # the pod's own (immutable) map and ordinal
@@ -84,14 +86,16 @@ class HolderSampler(threading.Thread):
         self.check()
 
     def check(self) -> None:
-        """No GPU was ever held twice, and no replica was replaced more than once: at most two
-        bound pods under each name. A replacement that was never bound never held a GPU nor
-        moved; kwok (playing the kubelets) can delete one: its delete of the old pod is retried
-        by name, and a retry may hit the new pod of that name (seen in its log: two "Delete pod
-        b-1" 0.2 s apart); a real kubelet deletes only the pod it runs."""
+        """No GPU was ever held twice, and no replica moved more than once: at most two
+        placements (revision, node; the revision's map gives the GPUs) under each pod name.
+
+        Placements, not UIDs: kwok (playing the kubelets) retries its delete of an old pod by
+        name, and a retry may hit the new pod of that name, pending or already bound (its log:
+        two "Delete pod w-0" 0.1 s apart); the controller makes it again, bound to the same
+        place. A real kubelet deletes only the pod it runs."""
         assert self.samples > 5, "the transition was not watched"
         assert self.violations == [], self.violations[:10]
-        moved_twice = {name: uids for name, uids in self.uids.items() if len(uids) > 2}
+        moved_twice = {name: seen for name, seen in self.placements.items() if len(seen) > 2}
         assert moved_twice == {}, f"replicas replaced more than once: {moved_twice}"
 
 
