@@ -88,7 +88,9 @@ class Scheduler:
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
         self.report = Reporter(writer, events, self.metrics)
         self.lost = LostNodeReports(events)
-        self.rollout = RolloutEvictions(writer, events, self.pod, self.ledger.holders)
+        self.rollout = RolloutEvictions(
+            writer, events, self.pod, self.ledger.holders, settings.rollout_evict_other_workloads
+        )
         self.placement = Placement(self.ledger, self.usage, writer, self.is_leader, self._requeue_nodes)
         self.refusals = KubeletRefusals(
             settings.kubelet_refusal_hold, self.usage, self.metrics, events, self.queue.add_after

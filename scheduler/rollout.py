@@ -8,21 +8,27 @@ holds, and the controller touches no other replica until the new one is Ready.
 kube-scheduler's way out is preemption; ours is narrower. The holder of a wanted
 GPU is evicted (the Eviction API, so PodDisruptionBudgets are honoured) only when:
 
-* it is a replica of the waiting pod's own StatefulSet (the same controller UID);
-* it is of an older revision (its ``controller-revision-hash`` is not the
-  StatefulSet's ``status.updateRevision``) while the waiting pod is of the update
-  revision: the controller would replace it in this rollout anyway;
+* it is a replica of the waiting pod's own StatefulSet (the same controller UID and
+  namespace), and the waiting pod is of the StatefulSet's ``status.updateRevision``;
+* it is of an older revision (its ``controller-revision-hash`` is not that update
+  revision): the controller would replace it in this rollout anyway;
 * its own entry in the new map no longer holds that GPU: evicted, it comes back at
   the new revision wanting other GPUs, so no replica moves twice;
 * it is not being deleted already;
 * the StatefulSet's update strategy lets it move now: never under ``OnDelete`` (the
   operator deletes each pod) nor below a ``RollingUpdate`` partition.
 
+A holder of another workload is only named, with both workloads and the way out,
+unless the operator allows more (``GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS``):
+then a replica of another StatefulSet of the same namespace is evicted under the
+same conditions, applied to its own StatefulSet (two StatefulSets trading GPUs jam
+each other otherwise). Never a pod of another namespace, never one that is not a
+StatefulSet's.
+
 The GPU is free only once the holder is gone (a terminating pod holds its GPUs:
 :func:`scheduler.ledger.is_active`), so no two pods ever hold one GPU. An Event
 on the holder (``EvictedForRollout``) and the waiting pod's ``GPUInUse`` note say
-what happened; any other holder (another workload, a pod of the same revision)
-is named in the note with the way out, and is never evicted.
+what happened, or why the holder stays and the way out.
 """
 
 from __future__ import annotations
@@ -43,8 +49,18 @@ from scheduler.events import EventRecorder
 log = logging.getLogger("gpu_scheduler")
 
 REVISION_LABEL = "controller-revision-hash"
+OTHER_WORKLOADS_SETTING = "GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS"
 # How many evicted pods are remembered (so none is evicted twice).
 MAX_REMEMBERED = 10_000
+
+
+def workload(pod: Mapping[str, Any]) -> str:
+    """``StatefulSet ns/w``: the pod's controller, as a note names it."""
+    view = Pod(pod)
+    owner = view.owner
+    if owner is None:
+        return f"no controller (bare pod {view.namespace}/{view.name})"
+    return f"{owner.get('kind')} {view.namespace}/{owner.get('name')}"
 
 
 class RolloutEvictions:
@@ -54,11 +70,13 @@ class RolloutEvictions:
         events: EventRecorder,
         pod_of: Callable[[str], Mapping[str, Any] | None],
         holders: Callable[[str, Iterable[int], str | None], list[tuple[int, str]]],
+        evict_other_workloads: bool = False,
     ) -> None:
         self._writer = writer
         self._events = events
         self._pod_of = pod_of  # the pods cache: holders of a GPU are our pods
         self._holders = holders  # the ledger: (gpu, "ns/name") holding GPUs of a node
+        self._other_workloads = evict_other_workloads
         self._lock = threading.Lock()
         self._evicted: dict[str, None] = {}  # holder UIDs already evicted (insertion order)
 
@@ -66,8 +84,9 @@ class RolloutEvictions:
         """``decision`` (refused with GPUInUse first), each GPUInUse note telling what happens to
         its holder: evicted for the rollout, being deleted, or why it stays.
 
-        The holders come from the ledger, the StatefulSet from one GET, made only when the cache
-        shows a holder of the same StatefulSet (the rare case: a rollout)."""
+        The holders come from the ledger; a StatefulSet is read (one GET each) only when the
+        cache shows a holder it may concern: a replica of the same one (a rollout), or of
+        another one of the namespace when the operator allows evicting other workloads."""
         view, entry = Pod(pod), decision.entry
         owner = view.owner
         if owner is None or owner.get("kind") != "StatefulSet" or entry is None:
@@ -75,25 +94,15 @@ class RolloutEvictions:
         held = sorted(self._holders(entry.node, entry.gpus, view.uid))
         if not held:
             return decision
-        sts: Mapping[str, Any] | None = None
-        notes = []
-        for gpu, key in held:
-            holder = self._pod_of(key)
-            if holder is None:
-                notes.append("the holder is not one of this scheduler's pods; it must end or move first")
-            elif (Pod(holder).owner or {}).get("uid") != owner.get("uid") or Pod(
-                holder
-            ).namespace != view.namespace:
-                # An ownerReference is its writer's claim: a pod elsewhere naming this
-                # StatefulSet's UID is not one of its replicas.
-                notes.append(
-                    f"it belongs to another workload, not to StatefulSet {owner.get('name')}: gpu-scheduler "
-                    "evicts only an outdated replica of the waiting pod's own StatefulSet; change one of the "
-                    f"two maps, or delete pod {key}"
-                )
-            else:
-                sts = sts if sts is not None else self._statefulset(view.namespace or "", owner)
-                notes.append(self._holder(pod, sts, holder, entry.node, gpu, key) if sts else "")
+        read: dict[tuple[str, str], Mapping[str, Any]] = {}
+
+        def statefulset(ref: Mapping[str, Any]) -> Mapping[str, Any]:
+            key = (str(ref.get("name")), str(ref.get("uid")))
+            if key not in read:
+                read[key] = self._statefulset(view.namespace or "", ref)
+            return read[key]
+
+        notes = [self._note(pod, self._pod_of(key), entry.node, gpu, key, statefulset) for gpu, key in held]
         found = [
             Finding(f.reason, f"{f.message}: {note}" if note else f.message)
             for f, note in zip(gpus_in_use(entry, held), notes, strict=True)
@@ -101,8 +110,53 @@ class RolloutEvictions:
         others = tuple(r for r in decision.refusals if r.reason != GPU_IN_USE)
         return Decision(decision.ordinal, entry, (*found, *others), decision.warnings)
 
+    def _note(
+        self,
+        pod: Mapping[str, Any],
+        holder: Mapping[str, Any] | None,
+        node: str,
+        gpu: int,
+        key: str,
+        statefulset: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+    ) -> str:
+        """What happens to the holder of ``node:gpu``, or why it stays and the way out."""
+        if holder is None:
+            return "the holder is not one of this scheduler's pods; it must end or move first"
+        view, theirs = Pod(holder), Pod(holder).owner or {}
+        mine = Pod(pod).owner or {}
+        # An ownerReference is its writer's claim: a pod elsewhere naming this StatefulSet's
+        # UID is not one of its replicas, and no pod of another namespace is ever evicted.
+        here = view.namespace == Pod(pod).namespace
+        if here and theirs.get("uid") == mine.get("uid"):
+            sts = statefulset(mine)
+            return self._own(pod, sts, holder, node, gpu, key) if sts else ""
+        who, mine_is = workload(holder), workload(pod)
+        if who == mine_is:  # the same name, another UID: deleted and created again
+            who = f"an earlier {who} (deleted and created again since)"
+        if view.deleting:
+            return f"it belongs to {who}, not to the waiting pod's {mine_is}, and is terminating: the GPU is free once it is gone"
+        other_sts = here and theirs.get("kind") == "StatefulSet"
+        if self._other_workloads and other_sts:
+            sts = statefulset(theirs)
+            stays = self._stays(sts, holder, node, gpu, key) if sts else f"{who} is gone"
+            if stays is None:
+                return self._evict(
+                    holder, key, sts, f"a replica of {mine_is}, another workload ({OTHER_WORKLOADS_SETTING})"
+                )
+            return f"it belongs to another workload, {who}, not to the waiting pod's {mine_is}: {stays}"
+        allow = (
+            f", or set {OTHER_WORKLOADS_SETTING}=true to let it evict an outdated replica of another StatefulSet of the namespace"
+            if other_sts
+            else ""
+        )
+        return (
+            f"it belongs to another workload, {who}, not to the waiting pod's {mine_is}: gpu-scheduler "
+            f"evicts only an outdated replica of the waiting pod's own StatefulSet{allow}; change one of "
+            f"the two maps, or delete pod {key}"
+        )
+
     def _statefulset(self, namespace: str, owner: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The pod's StatefulSet as the API has it now ({}: gone, replaced, unreadable)."""
+        """The owner StatefulSet as the API has it now ({}: gone, replaced, unreadable)."""
         try:
             sts = self._writer.read_statefulset(namespace, str(owner.get("name")))
         except Exception as err:
@@ -114,7 +168,7 @@ class RolloutEvictions:
             return {}
         return sts
 
-    def _holder(
+    def _own(
         self,
         pod: Mapping[str, Any],
         sts: Mapping[str, Any],
@@ -125,13 +179,25 @@ class RolloutEvictions:
     ) -> str:
         """What happens to ``holder``, a replica of the waiting pod's own StatefulSet ``sts``."""
         name = str((sts.get("metadata") or {}).get("name"))
-        view, status = Pod(holder), sts.get("status") or {}
-        update = status.get("updateRevision")
-        have = view.labels.get(REVISION_LABEL)
+        update = (sts.get("status") or {}).get("updateRevision")
         if not update or Pod(pod).labels.get(REVISION_LABEL) != update:
             return f"the waiting pod is not of StatefulSet {name}'s update revision ({update}): nothing is evicted for it"
-        if have == update:
-            return f"it is a replica of StatefulSet {name} at the same revision ({have}): the map gives that GPU twice"
+        stays = self._stays(sts, holder, node, gpu, key)
+        return (
+            stays
+            if stays is not None
+            else self._evict(holder, key, sts, f"a replica of the update revision {update}")
+        )
+
+    def _stays(
+        self, sts: Mapping[str, Any], holder: Mapping[str, Any], node: str, gpu: int, key: str
+    ) -> str | None:
+        """Why ``holder``, a replica of ``sts``, may not be evicted now (None: it may)."""
+        name = str((sts.get("metadata") or {}).get("name"))
+        view, update = Pod(holder), (sts.get("status") or {}).get("updateRevision")
+        have = view.labels.get(REVISION_LABEL)
+        if not update or have == update:
+            return f"it is a replica of StatefulSet {name} at its update revision ({have}): the maps give that GPU twice"
         if view.deleting:
             return f"it is an outdated replica of StatefulSet {name} (revision {have}) and is terminating"
         ordinal = ordinal_of(view.name, view.labels)
@@ -152,7 +218,7 @@ class RolloutEvictions:
                 f"it is an outdated replica of StatefulSet {name}, but the new map gives it the same GPU: "
                 "evicting it would only move it back; the rollout goes on once it is replaced"
             )
-        return self._evict(holder, key, name, have, update)
+        return None
 
     @staticmethod
     def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: int) -> bool:
@@ -167,11 +233,15 @@ class RolloutEvictions:
             return True
         return entry is not None and entry.node == node and gpu in entry.gpus
 
-    def _evict(self, holder: Mapping[str, Any], key: str, name: str, have: str | None, update: str) -> str:
+    def _evict(self, holder: Mapping[str, Any], key: str, sts: Mapping[str, Any], wanted_by: str) -> str:
+        """Evict ``holder``, an outdated replica of ``sts``, for ``wanted_by`` (the waiting pod)."""
         uid = Pod(holder).uid or ""
+        name = str((sts.get("metadata") or {}).get("name"))
+        have = Pod(holder).labels.get(REVISION_LABEL)
+        what = f"an outdated replica of StatefulSet {name}, revision {have}"
         with self._lock:
             if uid in self._evicted:
-                return f"evicted it (an outdated replica of StatefulSet {name}, revision {have}); waiting for it to go"
+                return f"evicted it ({what}); waiting for it to go"
         try:
             self._writer.evict(holder)
         except Exception as err:
@@ -183,19 +253,22 @@ class RolloutEvictions:
                 )
             if status.kind is ApiError.NOT_FOUND:
                 return "it is gone"
+            if (
+                status.kind is ApiError.CONFLICT
+            ):  # the UID precondition: deleted (its controller's rollout), recreated
+                return "it is gone (replaced by a new pod of that name)"
             log.warning("eviction failed", extra={"pod": key, "error": error_message(err)})
             return f"evicting it failed: {error_message(err)}"
         with self._lock:
             self._evicted[uid] = None
             while len(self._evicted) > MAX_REMEMBERED:
                 del self._evicted[next(iter(self._evicted))]
+        update = (sts.get("status") or {}).get("updateRevision")
         note = (
             f"{EVICTED_FOR_ROLLOUT}: an outdated replica (revision {have}) of StatefulSet {name} held a GPU "
-            f"that a replica of the update revision {update} is mapped to; evicted so that the rollout goes on"
+            f"that {wanted_by} is mapped to, and its own new entry (revision {update}) moves it elsewhere; "
+            "evicted so that the rollout goes on"
         )
-        log.info(
-            "evicted an outdated replica for its StatefulSet's rollout",
-            extra={"pod": key, "statefulset": name},
-        )
+        log.info("evicted an outdated replica for a rollout", extra={"pod": key, "statefulset": name})
         self._events.warning(holder, EVICTED_FOR_ROLLOUT, note)
-        return f"evicted it (an outdated replica of StatefulSet {name}, revision {have}, update revision {update})"
+        return f"evicted it ({what}, for {wanted_by})"

@@ -66,6 +66,9 @@ class Settings:
     # the node, the pods on it or the pod change; or, failing that, after this many seconds
     # (a cause such as a device plugin restarting leaves no trace in the API). 0: never.
     kubelet_refusal_hold: float = 300.0
+    # A replica waiting for a GPU that an outdated replica of ANOTHER StatefulSet of its
+    # namespace holds may evict it (scheduler/rollout.py). Off: only its own StatefulSet's.
+    rollout_evict_other_workloads: bool = False
     # standalone: this process binds pods from its own queue. extender: kube-scheduler
     # places them and calls this process's filter and bind (scheduler/extender.py).
     mode: str = STANDALONE
@@ -234,6 +237,13 @@ TABLE: tuple[Setting, ...] = (
         _FLOAT,
         "after a kubelet refused a replica, try its node again unchanged after this long, s (0: never)",
         "--kubelet-refusal-hold",
+    ),
+    Setting(
+        "rollout_evict_other_workloads",
+        "GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS",
+        config.boolean,
+        "a rollout may also evict an outdated replica of another StatefulSet of the namespace",
+        "--rollout-evict-other-workloads",
     ),
     Setting(
         "mode",

@@ -323,6 +323,17 @@ def test_scheduler_injection_settings_follow_the_webhook(
     assert env["GPU_SCHEDULER_RECREATE_NOT_INJECTED"] == recreate
 
 
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [({}, "false"), ({"scheduler": {"name": "s", "rollout": {"evictOtherWorkloads": True}}}, "true")],
+)
+def test_scheduler_rollout_may_evict_other_workloads_only_when_asked(
+    values: dict[str, Any], want: str
+) -> None:
+    env = env_of(container(scheduler_deployment(render(CHART, values=values)), "scheduler"))
+    assert env["GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS"] == want
+
+
 def test_image_defaults_to_app_version_and_can_be_pinned() -> None:
     dep = one(render(CHART), "Deployment")
     assert (

@@ -19,24 +19,30 @@ OLD_MAP = "0=node1:3\n1=node2:3\n"
 NEW_MAP = "0=node2:3\n1=node1:3\n"
 
 
-def sts(text: str = NEW_MAP, update: str = "w-new", uid: str = "sts-uid") -> dict[str, Any]:
+def sts(text: str = NEW_MAP, update: str = "w-new", uid: str = "sts-uid", name: str = "w") -> dict[str, Any]:
     return {
-        "metadata": {"name": "w", "namespace": "ns", "uid": uid},
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
         "spec": {"template": {"metadata": {"annotations": {"gpu-scheduling-map": text}}}},
         "status": {"updateRevision": update, "currentRevision": "w-old"},
     }
 
 
 def replica(
-    ordinal: int, revision: str, *, owner_uid: str = "sts-uid", node: str | None = None
+    ordinal: int,
+    revision: str,
+    *,
+    owner_uid: str = "sts-uid",
+    node: str | None = None,
+    owner: str = "w",
+    kind: str = "StatefulSet",
 ) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "metadata": {
-            "name": f"w-{ordinal}",
+            "name": f"{owner}-{ordinal}",
             "namespace": "ns",
             "uid": f"uid-{ordinal}-{revision}",
             "labels": {"apps.kubernetes.io/pod-index": str(ordinal), "controller-revision-hash": revision},
-            "ownerReferences": [{"kind": "StatefulSet", "name": "w", "uid": owner_uid, "controller": True}],
+            "ownerReferences": [{"kind": kind, "name": owner, "uid": owner_uid, "controller": True}],
         },
         "spec": {},
         "status": {"phase": "Running" if node else "Pending"},
@@ -47,15 +53,21 @@ def replica(
 
 
 class Writer:
-    def __init__(self, statefulset: dict[str, Any] | None, fail: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        statefulset: dict[str, Any] | None,
+        fail: BaseException | None = None,
+        others: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.statefulset = statefulset
+        self.others = others or {}  # other StatefulSets of the namespace, by name
         self.fail = fail
         self.evicted: list[str] = []
         self.reads = 0
 
     def read_statefulset(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.reads += 1
-        return self.statefulset
+        return self.others.get(name) if name != "w" else self.statefulset
 
     def evict(self, pod: Mapping[str, Any]) -> None:
         if self.fail is not None:
@@ -117,7 +129,7 @@ def test_an_outdated_replica_whose_new_entry_moves_is_evicted_once() -> None:
 @pytest.mark.parametrize(
     ("holder", "statefulset", "why"),
     [
-        (replica(0, "w-new", node="node1"), sts(), "at the same revision"),
+        (replica(0, "w-new", node="node1"), sts(), "at its update revision (w-new)"),
         (replica(0, "w-old", node="node1", owner_uid="other"), sts(), "belongs to another workload"),
         (
             replica(0, "w-old", node="node1"),
@@ -202,3 +214,125 @@ def test_a_pod_of_another_namespace_claiming_the_statefulset_is_never_evicted() 
     forged["metadata"]["namespace"] = "elsewhere"
     decision, writer, _ = run(forged)
     assert writer.evicted == [] and "belongs to another workload" in decision.message
+
+
+# -- another workload's replica: named by default, evicted only with the operator's setting ----
+
+B_NEW_MAP = "0=node2:1\n1=node2:2\n"  # b's replica 0 moves off node1:3
+
+
+def other(
+    holder: dict[str, Any], b: dict[str, Any] | None, evict_other_workloads: bool
+) -> tuple[Decision, Writer, Events]:
+    """Replica 1 of w (new revision) waits for node1:3, which ``holder`` (as ns/w-0) holds."""
+    writer = Writer(sts(), others={"b": b} if b is not None else {})
+    events = Events()
+    rollout = RolloutEvictions(
+        cast(PodWriter, writer),
+        cast(EventRecorder, events),
+        {"ns/w-0": holder}.get,
+        holds,
+        evict_other_workloads,
+    )
+    return rollout.make_room(replica(1, "w-new"), waiting()), writer, events
+
+
+def b_replica(revision: str = "b-old", **kw: Any) -> dict[str, Any]:
+    return replica(0, revision, owner="b", owner_uid="b-uid", node="node1", **kw)
+
+
+def test_by_default_a_replica_of_another_statefulset_is_named_with_both_workloads_and_the_way_out() -> None:
+    decision, writer, events = other(b_replica(), sts(B_NEW_MAP, "b-new", "b-uid", "b"), False)
+    assert writer.evicted == [] and events.sent == [] and writer.reads == 0
+    msg = decision.message
+    assert "belongs to another workload, StatefulSet ns/b, not to the waiting pod's StatefulSet ns/w" in msg
+    assert "GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS=true" in msg and "delete pod ns/w-0" in msg
+
+
+def test_with_the_setting_an_outdated_replica_of_another_statefulset_moving_away_is_evicted() -> None:
+    decision, writer, events = other(b_replica(), sts(B_NEW_MAP, "b-new", "b-uid", "b"), True)
+    assert writer.evicted == ["b-0"], decision.message
+    assert "evicted it (an outdated replica of StatefulSet b" in decision.message
+    [(name, reason, note)] = events.sent
+    assert (name, reason) == ("b-0", EVICTED_FOR_ROLLOUT)
+    assert "a replica of StatefulSet ns/w, another workload" in note and "revision b-new" in note
+
+
+def _on_delete(b: dict[str, Any]) -> dict[str, Any]:
+    b["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    return b
+
+
+def _partitioned(b: dict[str, Any]) -> dict[str, Any]:
+    b["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}
+    return b
+
+
+def _terminating(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["deletionTimestamp"] = "2026-11-24T10:00:00Z"
+    return pod
+
+
+def _elsewhere(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["namespace"] = "elsewhere"
+    return pod
+
+
+@pytest.mark.parametrize(
+    ("holder", "b", "why"),
+    [
+        (b_replica("b-new"), sts(B_NEW_MAP, "b-new", "b-uid", "b"), "at its update revision (b-new)"),
+        (
+            b_replica(),
+            sts("0=node1:3\n1=node2:2\n", "b-new", "b-uid", "b"),
+            "the new map gives it the same GPU",
+        ),
+        (
+            b_replica(),
+            _on_delete(sts(B_NEW_MAP, "b-new", "b-uid", "b")),
+            "updates OnDelete: delete pod ns/w-0",
+        ),
+        (b_replica(), _partitioned(sts(B_NEW_MAP, "b-new", "b-uid", "b")), "below its partition (1)"),
+        (b_replica(), sts(B_NEW_MAP, "b-new", "another-uid", "b"), "StatefulSet ns/b is gone"),
+        (b_replica(), None, "StatefulSet ns/b is gone"),
+        (_terminating(b_replica()), sts(B_NEW_MAP, "b-new", "b-uid", "b"), "is terminating"),
+        (_elsewhere(b_replica()), sts(B_NEW_MAP, "b-new", "b-uid", "b"), "StatefulSet elsewhere/b"),
+        (b_replica(kind="ReplicaSet"), sts(B_NEW_MAP, "b-new", "b-uid", "b"), "ReplicaSet ns/b"),
+    ],
+    ids=[
+        "same-revision",
+        "keeps-gpu",
+        "on-delete",
+        "partition",
+        "replaced",
+        "gone",
+        "terminating",
+        "other-namespace",
+        "not-a-statefulset",
+    ],
+)
+def test_with_the_setting_another_workload_is_evicted_only_as_its_own_statefulset_allows(
+    holder: dict[str, Any], b: dict[str, Any] | None, why: str
+) -> None:
+    decision, writer, events = other(holder, b, True)
+    assert writer.evicted == [] and events.sent == []
+    assert why in decision.message, decision.message
+    assert "StatefulSet ns/w" in decision.message  # the waiting pod's workload, named too
+
+
+def test_a_terminating_replica_of_an_earlier_statefulset_of_the_same_name_is_waited_for() -> None:
+    """``kubectl delete sts w`` then a new ``w``: its pods wait for the old ones to go."""
+    old = _terminating(replica(0, "w-old", owner_uid="deleted-uid", node="node1"))
+    decision, writer, _ = other(old, None, True)
+    assert writer.evicted == []
+    assert "an earlier StatefulSet ns/w (deleted and created again since)" in decision.message
+    assert "is terminating: the GPU is free once it is gone" in decision.message
+
+
+def test_a_holder_replaced_before_its_eviction_is_said_gone() -> None:
+    """The eviction carries the holder's UID: a pod of that name recreated meanwhile is left alone."""
+    decision, writer, events = run(
+        replica(0, "w-old", node="node1"), fail=ApiException(status=409, reason="Conflict")
+    )
+    assert writer.evicted == [] and events.sent == []
+    assert "it is gone (replaced by a new pod of that name)" in decision.message
