@@ -214,7 +214,7 @@ class Bench:
             )
         self.cluster.apply(policies)
         self._probe("policy", "the admission policies")
-        log(f"admission policies active: {sorted(d['metadata']['name'] for d in policies)}")
+        log(f"admission policies active: {sorted({d['metadata']['name'] for d in policies})}")
 
     def _probe(self, label: str, what: str) -> None:
         """Waits until a dry-run create in a namespace labelled ``label`` comes back injected."""
