@@ -25,7 +25,9 @@ class Scale:
     webhook_maps: tuple[int, ...]
     foreign: int
     create_threads: int = 4
-    bind_threads: int = 4
+    # The raw binder's Bindings in flight (arms C and L): as many as the gpu-scheduler's default
+    # workers, so that neither is held back by a smaller client than the other's.
+    bind_threads: int = 16
     timeout: float = 600
 
     @property
