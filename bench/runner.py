@@ -91,7 +91,10 @@ class Bench:
         self.workdir.mkdir(parents=True)
         log(f"starting the control plane in {self.workdir}")
         self.cluster = Cluster.start(self.workdir / "cluster", gpu_nodes=0)
-        self.raw = Raw(self.cluster.kubeconfig)
+        # Connections for the creator, the raw binder and the pod watch at once.
+        self.raw = Raw(
+            self.cluster.kubeconfig, maxsize=self.scale.create_threads + self.scale.bind_threads + 4
+        )
         self.add_nodes(self.scale.groups[0][0])
         self.start_scheduler()
         self.start_webhook()
