@@ -585,6 +585,10 @@ def test_the_schedulers_token_may_remove_the_claim_gate_and_nothing_else(dra_env
     refused = {
         "a label": [{"op": "add", "path": "/metadata/labels/stolen", "value": "yes"}],
         "another gate": [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+        "a label, with the gate": [
+            {"op": "add", "path": "/metadata/labels/stolen", "value": "yes"},
+            {"op": "remove", "path": "/spec/schedulingGates/1"},
+        ],
         "the image, with the gate": [
             {"op": "replace", "path": "/spec/containers/0/image", "value": "registry.k8s.io/pause:3.9"},
             {"op": "remove", "path": "/spec/schedulingGates/1"},
