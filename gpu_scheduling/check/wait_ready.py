@@ -31,6 +31,7 @@ pod`` for a Helm hook; a success writes nothing there (see :func:`cmd_wait_ready
 from __future__ import annotations
 
 import argparse
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ DENIED_GRACE = 15.0
 # One API call may not eat the whole budget.
 REQUEST_TIMEOUT = (5, 15)
 PROBE_LABEL = "gpu-scheduler.io/wait-ready-probe"
+PROBE_PREFIX = "gpu-scheduler-wait-ready-probe-"
 
 
 # ---------------------------------------------------------------- the Lease (pure)
@@ -223,18 +225,20 @@ def probe_pod(target: Target) -> dict[str, Any]:
     }
     if target.service_account:
         spec["serviceAccountName"] = target.service_account
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            # generateName: never collides with a real pod; the ordinal is the label's.
-            "generateName": "gpu-scheduler-wait-ready-probe-",
-            "namespace": target.namespace,
-            "labels": {POD_INDEX_LABEL: str(ordinal), PROBE_LABEL: "true"},
-            "annotations": {ANNOTATION: target.smap.format()},
-        },
-        "spec": spec,
+    meta: dict[str, Any] = {
+        # generateName: never collides with a real pod; the ordinal is the label's.
+        "generateName": PROBE_PREFIX,
+        "namespace": target.namespace,
+        "labels": {POD_INDEX_LABEL: str(ordinal), PROBE_LABEL: "true"},
+        "annotations": {ANNOTATION: target.smap.format()},
     }
+    if target.dra:
+        # DRA mode: the policy names the claim after the pod (<pod>-gpus), so it mutates only a
+        # pod whose name is known at admission; the apiserver fills generateName later. A random
+        # suffix made here does the same job (a dry-run stores nothing).
+        del meta["generateName"]
+        meta["name"] = PROBE_PREFIX + secrets.token_hex(4)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def _shown(value: str | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpu_scheduling import dra, nvml
@@ -230,3 +231,15 @@ def test_wait_ready_in_dra_mode_waits_for_the_claim_reference() -> None:
     assert injection_problem(dry_run_answer(claim=False, env=cuda), e, t.mode, 0, True) is not None
     assert injection_problem(dry_run_answer(), e, "cuda", 0, False) is not None
     assert "ResourceClaim reference" in injected_text(e, t.mode, True)
+
+
+def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
+    # The injection policy in DRA mode mutates only a pod whose name is known at admission
+    # (the claim is <pod>-gpus); generateName is filled in after admission.
+    from gpu_scheduling.check.wait_ready import probe_pod
+    from tests.unit.test_check_wait_ready import target
+
+    meta = probe_pod(replace(target(), dra=True))["metadata"]
+    assert "generateName" not in meta and meta["name"].startswith("gpu-scheduler-wait-ready-probe-")
+    assert probe_pod(replace(target(), dra=True))["metadata"]["name"] != meta["name"]
+    assert "name" not in probe_pod(target())["metadata"]
