@@ -18,7 +18,10 @@ chart in DRA mode (``dra.enabled=true``): each replica gets a ResourceClaim nami
 kube-scheduler allocates it and binds the pod. A replica matches when it runs on its node and
 its claim is allocated exactly the devices its entry resolves to (gpu_scheduling.dra); the
 table shows each claim's devices with their PCI bus IDs and UUIDs, and ``gpu-scheduler-check
-verify-release --mode dra`` checks the same through the API before ``helm test``.
+verify-release --mode dra`` checks the same through the API before ``helm test``. Last, it
+installs gpu-scheduler-check-chart in DRA mode (``gpuScheduling.injectionMode=dra``, on GPUs the
+example leaves free) and runs its ``helm test``, which checks each claim with the chart's own
+account on the real node.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ from gpu_scheduling.podinfo import entry_for
 from localcluster import dra as dra_slices
 from localcluster.cluster import REPO, Cluster
 from localcluster.image import build as build_image
-from localcluster.release import install_chart, product_values
+from localcluster.release import CHECK_CHART, install_chart, product_values
 from localcluster.webhook_host import make_certs
 
 EXAMPLE = REPO / "examples" / "gpu-workload.yaml"
 RELEASE, SYSTEM_NS, DEMO_NS = "gpu-scheduler", "gpu-scheduler-system", "gpu-demo"
+CHECK_RELEASE, CHECK_NS = "gpu-scheduler-check", "gpu-scheduler-tests"
+# DRA mode: the check chart's replicas take GPUs the example leaves free.
+CHECK_MAP = ((0, "node1", "2,3"), (1, "node2", "0"), (2, "node3", "3"))
 
 
 def say(msg: str) -> None:
@@ -302,6 +308,32 @@ def injection_objects(cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
+def check_chart_dra(cluster: Cluster, image_ref: str, timeout: float) -> bool:
+    """Install gpu-scheduler-check-chart with gpuScheduling.injectionMode=dra (its pre-install
+    wait-ready hook dry-runs a mapped pod through the DRA policy on the real node) and run its
+    ``helm test``: verify-release --mode dra with the chart's own account and RBAC."""
+    repository, _, tag = image_ref.rpartition(":")
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "gpuScheduling": {
+            "schedulingMap": [{"podIndex": o, "nodeName": n, "gpuDevices": g} for o, n, g in CHECK_MAP],
+            "injectionMode": "dra",
+        },
+    }
+    install_chart(
+        cluster, CHECK_RELEASE, CHECK_NS, values, chart=CHECK_CHART, wait=True, timeout=f"{int(timeout)}s"
+    )
+    res = cluster.helm("test", CHECK_RELEASE, "-n", CHECK_NS, "--timeout", f"{int(timeout)}s", check=False)
+    print(res.stdout.strip())
+    logs = cluster.kubectl(
+        "logs", "-n", CHECK_NS, f"{CHECK_RELEASE}-test", "-c", "verify-release", check=False
+    ).stdout
+    print("\n".join(line for line in logs.splitlines() if not line.startswith("{")))
+    if res.returncode != 0:
+        say(f"helm test {CHECK_RELEASE} failed: {res.stderr.strip()}\n{logs[-3000:]}")
+    return res.returncode == 0
+
+
 def run(
     keep: bool = False,
     workdir: Path | None = None,
@@ -387,6 +419,14 @@ def run(
             if res.returncode != 0:
                 say(f"helm test failed: {res.stderr.strip()}")
                 good = False
+            if good and dra_mode:
+                say(
+                    f"helm install {CHECK_RELEASE} ./gpu-scheduler-check-chart -n {CHECK_NS} "
+                    f"(gpuScheduling.injectionMode=dra; map "
+                    + "; ".join(f"{o}={n}:{g}" for o, n, g in CHECK_MAP)
+                    + f"), then helm test {CHECK_RELEASE}: each claim checked against the map"
+                )
+                good = check_chart_dra(cluster, image.ref, timeout)
         else:
             say("placement does NOT match the map; see `kubectl describe pod` and the logs in " + str(logs))
             if dra_mode:

@@ -74,6 +74,18 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
         assert [(v[0], v[-1]) for v in verified] == [(f"gpu-workload-{i}", "yes") for i in range(3)], (
             res.stdout
         )
+        # The check chart in DRA mode: its helm test (verify-release --mode dra, the chart's RBAC)
+        # on the real node; node2's index 0 is its gpu-2.
+        checked = {
+            v[0]: (v[3], v[5], v[-1])
+            for v in (line.split() for line in res.stdout.splitlines())
+            if re.match(r"^gpu-scheduler-check-\d$", v[0] if v else "")
+        }
+        assert checked == {
+            "gpu-scheduler-check-0": ("node1", "gpu-2,gpu-3", "yes"),
+            "gpu-scheduler-check-1": ("node2", "gpu-2", "yes"),
+            "gpu-scheduler-check-2": ("node3", "gpu-3", "yes"),
+        }, res.stdout
     else:
         assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[-1]) for r in rows] == [
             ("0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", "yes"),
