@@ -45,6 +45,8 @@ ENTRY_ANNOTATION = "gpu-scheduler.io/entry"
 DEVICES_ANNOTATION = "gpu-scheduler.io/devices"
 # The label the admission policy puts on a replica handed to kube-scheduler in DRA mode.
 POD_LABEL = "gpu-scheduler.io/dra"
+# The scheduling gate a DRA replica is created behind, removed once its claim asks for its entry.
+GATE = "gpu-scheduler.io/claim"
 # kube-scheduler's finalizer on a claim it allocated.
 ALLOCATION_FINALIZER = "resource.kubernetes.io/delete-protection"
 
@@ -296,3 +298,12 @@ def pod_claim_name(pod: Mapping[str, Any]) -> str | None:
             value = ref.get("resourceClaimName")
             return value if isinstance(value, str) else None
     return None
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod still waits behind :data:`GATE`."""
+    return any(
+        g.get("name") == GATE
+        for g in (pod.get("spec") or {}).get("schedulingGates") or []
+        if isinstance(g, Mapping)
+    )
