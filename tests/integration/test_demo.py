@@ -60,7 +60,7 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420 if mode == "dra" else 300,  # dra: also the check chart and its helm test
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
