@@ -69,7 +69,6 @@ def replica(cluster: Cluster, namespace: str, name: str, map_text: str, claim_en
             "labels": {
                 **SELECTOR_LABELS,
                 "apps.kubernetes.io/pod-index": str(ordinal),
-                dra.POD_LABEL: "true",
             },
             "annotations": {"gpu-scheduling-map": map_text},
         },
