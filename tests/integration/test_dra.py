@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ import yaml
 
 from gpu_scheduling import dra
 from gpu_scheduling.podinfo import entry_for
-from localcluster.cluster import Cluster
+from localcluster.cluster import REPO, Cluster, tool
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity, render_chart, scheduler_chart_values
 from localcluster.scheduler_host import run_scheduler
@@ -40,10 +42,14 @@ def gpu_uuid(node: str, minor: int) -> str:
 
 
 def slice_body(
-    node: str, buses: list[str], generation: int = 1, uuids: dict[int, str] | None = None
+    node: str,
+    buses: list[str],
+    generation: int = 1,
+    uuids: dict[int, str] | None = None,
+    first_minor: int = 0,
 ) -> dict[str, Any]:
     devices = []
-    for minor, bus in enumerate(buses):
+    for minor, bus in enumerate(buses, start=first_minor):
         devices.append(
             {
                 "name": f"gpu-{minor}",
@@ -94,6 +100,7 @@ class Dra:
     nodes: dict[str, str]  # "a" -> real node name
     start: Callable[[], ManagedProcess]
     procs: list[ManagedProcess]
+    scheduler_kubeconfig: Any = None
 
     def start_scheduler(self) -> None:
         self.procs.append(self.start())
@@ -263,7 +270,7 @@ def dra_env(cluster: Cluster, namespace: str, tmp_path: Any) -> Iterator[Dra]:
                 log_path=tmp_path / f"scheduler-{len(procs)}.log",
             )
 
-        env = Dra(cluster, namespace, name, nodes, start, procs)
+        env = Dra(cluster, namespace, name, nodes, start, procs, ident.kubeconfig)
         env.start_scheduler()
         try:
             # The apiserver loads a new policy within about a second: probe with a dry run.
@@ -443,3 +450,157 @@ def test_a_map_edit_replaces_the_claim(dra_env: Dra) -> None:
     )
     assert [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == ["gpu-1"]
     no_device_twice(env)
+
+
+def test_two_replicas_trade_gpus_in_a_rolling_update(dra_env: Dra) -> None:
+    """OrderedReady, RollingUpdate: the new w-1 wants w-0's GPU, which w-0's pinned claim holds.
+    The outdated w-0 is evicted (EvictedForRollout), gets its new claim, and both end on their
+    new GPUs; no device is allocated twice at any moment we look."""
+    env = dra_env
+    a = env.nodes["a"]
+    sts = env.statefulset("w", f"0={a}:0\n1={a}:1", 2)
+    sts["spec"]["podManagementPolicy"] = "OrderedReady"
+    env.cluster.apply(sts)
+    for i in range(2):
+        wait_for(lambda i=i: env.placed(f"w-{i}"), 90, what=f"w-{i} placed")
+    swapped = env.statefulset("w", f"0={a}:1\n1={a}:0", 2)
+    swapped["spec"]["podManagementPolicy"] = "OrderedReady"
+    env.cluster.apply(swapped)
+
+    def both_swapped() -> bool:
+        no_device_twice(env)
+        return all(
+            env.placed(f"w-{i}")
+            and (env.claim(f"w-{i}-gpus") or {})["metadata"]["annotations"][dra.ENTRY_ANNOTATION]
+            == f"{i}={a}:{1 - i}"
+            for i in range(2)
+        )
+
+    wait_for(both_swapped, 180, what="w-0 and w-1 placed on each other's GPUs")
+    devs = env.devices("a")
+    assert [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == [devs[1].name]
+    assert [x.device for x in dra.allocation(env.claim("w-1-gpus") or {})] == [devs[0].name]
+    assert env.events("w-0", "EvictedForRollout"), "the outdated w-0 was not evicted for the rollout"
+
+
+def test_a_gpu_that_disappears_under_an_allocated_claim(dra_env: Dra) -> None:
+    """The driver stops publishing an allocated GPU (it fell off the bus): the allocation stays,
+    the replica gets an AllocatedGPUGone event naming the GPU, and the GPU is given to nobody."""
+    env = dra_env
+    a = env.nodes["a"]
+    env.cluster.apply(env.statefulset("w", f"0={a}:3", 1))
+    wait_for(lambda: env.placed("w-0"), 90, what="w-0 placed")
+    held = [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})]
+    assert held == ["gpu-0"]  # bus 0xc1, the highest on node a: index 3
+    env.cluster.apply(slice_body(a, BUSES["a"][1:], generation=2, first_minor=1))
+    wait_for(lambda: env.events("w-0", "AllocatedGPUGone"), 60, what="an AllocatedGPUGone event on w-0")
+    note = env.events("w-0", "AllocatedGPUGone")[0]
+    assert "GPU index 3 does not exist" in note and "w-0-gpus" in note, note
+    assert [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == ["gpu-0"]
+    for i in range(4):
+        env.cluster.apply(env.foreign_pod(f"f{i}", "a"))
+    wait_for(
+        lambda: sum(bool(dra.allocation(env.claim(f"f{i}") or {})) for i in range(4)) == 3,
+        60,
+        what="three foreign claims allocated the three GPUs still published",
+    )
+    got = sorted(x.device for i in range(4) for x in dra.allocation(env.claim(f"f{i}") or {}))
+    assert got == ["gpu-1", "gpu-2", "gpu-3"], got
+    no_device_twice(env)
+
+
+def test_leftover_claims_are_released_by_the_documented_commands(dra_env: Dra) -> None:
+    """No gpu-scheduler in DRA mode is left (uninstalled) and the StatefulSet is deleted: its
+    claims stay allocated (the pin). The commands of docs/dra.md "Leftover claims" release them."""
+    env = dra_env
+    a = env.nodes["a"]
+    env.cluster.apply(env.statefulset("w", f"0={a}:0", 1))
+    wait_for(lambda: env.placed("w-0"), 90, what="w-0 placed")
+    wait_for(
+        lambda: any(
+            r.get("resource") == "statefulsets"
+            for r in ((env.claim("w-0-gpus") or {}).get("status") or {}).get("reservedFor", [])
+        ),
+        60,
+        what="w-0-gpus pinned",
+    )
+    env.stop_scheduler()
+    env.cluster.kubectl("delete", "statefulset", "w", "-n", env.namespace, "--wait=true")
+    wait_for(lambda: env.pod("w-0") is None, 60, what="w-0 gone")
+    # The garbage collector deletes the claim, which stays Terminating and allocated.
+    wait_for(
+        lambda: (env.claim("w-0-gpus") or {}).get("metadata", {}).get("deletionTimestamp"),
+        60,
+        what="w-0-gpus deleted by the garbage collector",
+    )
+    assert dra.allocation(env.claim("w-0-gpus") or {}), "the pinned claim lost its allocation by itself"
+    text = (REPO / "docs" / "dra.md").read_text()
+    script = text.split("## Leftover claims", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "KUBECONFIG": str(env.cluster.kubeconfig),
+            "PATH": f"{tool('kubectl').parent}:{os.environ['PATH']}",
+        },
+        timeout=120,
+    )
+    assert done.returncode == 0, f"docs/dra.md's commands failed: {done.stderr}"
+    wait_for(lambda: env.claim("w-0-gpus") is None, 60, what="w-0-gpus released and gone")
+
+
+def test_the_schedulers_token_may_remove_the_claim_gate_and_nothing_else(dra_env: Dra) -> None:
+    """DRA mode grants the scheduler's ServiceAccount pods patch (cluster-wide RBAC cannot say
+    which field); the pods policy lets it remove the gate gpu-scheduler.io/claim only."""
+    env = dra_env
+    env.stop_scheduler()  # the pod keeps its gate
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": env.namespace, "labels": {"app": "x"}},
+        "spec": {
+            "schedulingGates": [{"name": "example.com/other"}, {"name": dra.GATE}],
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    env.cluster.apply(pod)
+
+    def patch(ops: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
+        return env.cluster.kubectl(
+            "patch",
+            "pod",
+            "gated",
+            "-n",
+            env.namespace,
+            "--type=json",
+            "-p",
+            json.dumps(ops),
+            kubeconfig=env.scheduler_kubeconfig,
+            check=False,
+        )
+
+    refused = {
+        "a label": [{"op": "add", "path": "/metadata/labels/stolen", "value": "yes"}],
+        "another gate": [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+        "a label, with the gate": [
+            {"op": "add", "path": "/metadata/labels/stolen", "value": "yes"},
+            {"op": "remove", "path": "/spec/schedulingGates/1"},
+        ],
+        "the image, with the gate": [
+            {"op": "replace", "path": "/spec/containers/0/image", "value": "registry.k8s.io/pause:3.9"},
+            {"op": "remove", "path": "/spec/schedulingGates/1"},
+        ],
+        "a toleration, with the gate": [
+            {"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}},
+            {"op": "remove", "path": "/spec/schedulingGates/1"},
+        ],
+    }
+    for what, ops in refused.items():
+        out = patch(ops)
+        assert out.returncode != 0 and "remove the gpu-scheduler.io/claim" in out.stderr, (what, out.stderr)
+    out = patch([{"op": "remove", "path": "/spec/schedulingGates/1"}])
+    assert out.returncode == 0, out.stderr
+    assert [g["name"] for g in (env.pod("gated") or {})["spec"]["schedulingGates"]] == ["example.com/other"]
