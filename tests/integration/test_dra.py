@@ -10,7 +10,6 @@ every claim: the replicas' and the foreign ones.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ import yaml
 
 from gpu_scheduling import dra
 from gpu_scheduling.podinfo import entry_for
+from localcluster import dra as localdra
 from localcluster.cluster import REPO, Cluster, tool
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity, render_chart, scheduler_chart_values
@@ -36,9 +36,7 @@ GPUS = 4
 BUSES = {"a": ["0xc1", "0x3b", "0x86", "0x1a"], "b": ["0x1a", "0x3b", "0x86", "0xc1"]}
 
 
-def gpu_uuid(node: str, minor: int) -> str:
-    h = hashlib.sha256(f"{node}/{minor}".encode()).hexdigest()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+gpu_uuid = localdra.gpu_uuid
 
 
 def slice_body(
@@ -48,48 +46,15 @@ def slice_body(
     uuids: dict[int, str] | None = None,
     first_minor: int = 0,
 ) -> dict[str, Any]:
-    devices = []
-    for minor, bus in enumerate(buses, start=first_minor):
-        devices.append(
-            {
-                "name": f"gpu-{minor}",
-                "attributes": {
-                    "type": {"string": "gpu"},
-                    "uuid": {"string": (uuids or {}).get(minor, gpu_uuid(node, minor))},
-                    "productName": {"string": "NVIDIA A100-SXM4-40GB"},
-                    "resource.kubernetes.io/pciBusID": {"string": f"0000:{int(bus, 16):02x}:00.0"},
-                },
-                "capacity": {"memory": {"value": "40Gi"}},
-            }
-        )
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-gpu.nvidia.com"},
-        "spec": {
-            "driver": dra.DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
+    """Node ``node``'s slice (localcluster/dra.py's shape) with the GPUs on ``buses``, by minor."""
+    gpus = [
+        localdra.Gpu(minor, (uuids or {}).get(minor, gpu_uuid(node, minor)), f"0000:{int(bus, 16):02x}:00.0")
+        for minor, bus in enumerate(buses, start=first_minor)
+    ]
+    return localdra.resource_slice(node, gpus, generation)
 
 
-DEVICE_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": dra.DEVICE_CLASS},
-    "spec": {
-        "selectors": [
-            {
-                "cel": {
-                    "expression": "device.driver == 'gpu.nvidia.com' && "
-                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
-                }
-            }
-        ]
-    },
-}
+DEVICE_CLASS = localdra.device_class()
 
 
 @dataclass
@@ -604,3 +569,53 @@ def test_the_schedulers_token_may_remove_the_claim_gate_and_nothing_else(dra_env
     out = patch([{"op": "remove", "path": "/spec/schedulingGates/1"}])
     assert out.returncode == 0, out.stderr
     assert [g["name"] for g in (env.pod("gated") or {})["spec"]["schedulingGates"]] == ["example.com/other"]
+
+
+def test_uuid_and_pci_bus_id_forms_are_allocated_exactly(dra_env: Dra) -> None:
+    """The map names GPUs by UUID and by PCI bus ID (any case, NVML's 8-digit domain): each
+    replica's claim is allocated exactly the named devices, pinned by UUID or by PCI bus ID."""
+    env = dra_env
+    a, b = env.nodes["a"], env.nodes["b"]
+    uuid = gpu_uuid(a, 2).upper().replace("GPU-", "GPU-")
+    env.cluster.apply(env.statefulset("w", f"0={a}:{uuid}\n1={b}:00000000:86:00.0,0000:1A:00.0", 2))
+    for i in range(2):
+        wait_for(lambda i=i: env.placed(f"w-{i}"), 90, what=f"w-{i} placed with its claim allocated")
+    claim0, claim1 = env.claim("w-0-gpus") or {}, env.claim("w-1-gpus") or {}
+    assert [x.device for x in dra.allocation(claim0)] == ["gpu-2"]
+    assert [x.device for x in dra.allocation(claim1)] == ["gpu-2", "gpu-0"]
+    selectors = [
+        r["exactly"]["selectors"][0]["cel"]["expression"] for r in claim0["spec"]["devices"]["requests"]
+    ]
+    assert selectors == [f"device.attributes['gpu.nvidia.com'].uuid == '{gpu_uuid(a, 2)}'"]
+    selectors = [
+        r["exactly"]["selectors"][0]["cel"]["expression"] for r in claim1["spec"]["devices"]["requests"]
+    ]
+    assert selectors == [
+        "device.attributes['resource.kubernetes.io'].pciBusID == '0000:86:00.0'",
+        "device.attributes['resource.kubernetes.io'].pciBusID == '0000:1a:00.0'",
+    ]
+
+
+def test_a_uuid_that_changes_is_reported_and_never_given_twice(dra_env: Dra) -> None:
+    """Hardware replaced: the UUID the map names is no longer published. A replica not yet
+    placed waits with GPUNotPublished naming the UUID; once the map names the new UUID it is
+    placed on it, and no device is allocated twice."""
+    env = dra_env
+    a = env.nodes["a"]
+    old = gpu_uuid(a, 1)
+    new = gpu_uuid(a, 101)
+    env.cluster.apply(slice_body(a, BUSES["a"], generation=2, uuids={1: new}))
+    env.cluster.apply(env.statefulset("w", f"0={a}:{old}", 1))
+    wait_for(lambda: env.events("w-0", "GPUNotPublished"), 60, what="a GPUNotPublished event on w-0")
+    note = env.events("w-0", "GPUNotPublished")[0]
+    assert f"no GPU with UUID {old} on node {a}" in note, note
+    assert env.claim("w-0-gpus") is None
+    env.cluster.apply(env.statefulset("w", f"0={a}:{new}", 1))
+    wait_for(
+        lambda: (
+            env.placed("w-0") and [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == ["gpu-1"]
+        ),
+        120,
+        what="w-0 placed on the GPU with the new UUID",
+    )
+    no_device_twice(env)
