@@ -391,7 +391,7 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0=node1:x\n", "line 1: GPU index 'x' is not a non-negative integer (in '0=node1:x')"),
+        ("0=node1:x\n", "line 1: GPU 'x' is not an index, a UUID (in '0=node1:x')"),
         (
             "0=node1:0\n1 node2:1\n",
             "line 2: expected ORDINAL=NODE:GPU[,GPU...], found no '=' (in '1 node2:1')",

@@ -184,7 +184,7 @@ def test_multi_document_helm_output(tmp_path: Path) -> None:
     # A one-line quoted annotation: the file line is the annotation's own line.
     file_line = int(err[1][len(prefix) :].split(":", 1)[0])
     assert "gpu-scheduling-map:" in lines_of_file[file_line - 1]
-    assert ": Pod default/w-1: line 1: GPU index 'x' is not a non-negative integer" in err[1]
+    assert ": Pod default/w-1: line 1: GPU 'x' is not an index, a UUID" in err[1]
     # The valid StatefulSet still gets its table.
     assert "StatefulSet default/w (replicas 3)" in res.stdout
 
