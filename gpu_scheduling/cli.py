@@ -123,7 +123,7 @@ def _note(note: Note) -> dict[str, Any]:
 
 
 def _check_names(report: MapReport, dra: bool) -> None:
-    """GPUNameNeedsDRA: a GPU named by PCI bus ID, unless the cluster runs DRA mode (``--dra``)."""
+    """A GPU named by PCI bus ID is a warning, unless the cluster runs DRA mode (``--dra``)."""
     if report.smap is None:
         return
     for x in pci_needs_dra(report.smap.values(), dra):

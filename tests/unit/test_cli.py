@@ -376,7 +376,14 @@ def test_json_format(tmp_path: Path) -> None:
         True,
         3,
     )
-    assert m["entries"][0] == {"ordinal": 0, "node": "node1", "gpus": [0, 1], "line": 1, "file_line": 13}
+    assert m["entries"][0] == {
+        "ordinal": 0,
+        "node": "node1",
+        "gpus": [0, 1],
+        "gpu_kind": "index",
+        "line": 1,
+        "file_line": 13,
+    }
     assert raw["input"] == "map"
     (e,) = raw["maps"][0]["errors"]
     assert e["line"] == 2 and e["file_line"] == 2 and "already mapped" in e["message"]
