@@ -555,9 +555,7 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
     named = large_map(limit - 80, named=True)
     lines = text.count("\n")
     for broken, problem in (
-        # Past 32 KiB only a problem of shape is named: node gpu-node-0 named two ways.
-        (named + "999999=gpu-node-0.example.com:7\n", "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU"),
-        (text + f"999999=gpu-node-0.example.com:{large_uuid(0, 9)}\n", "gpu-scheduling-map is malformed"),
+        # The same UUID given twice, spelt in upper case the second time.
         (named + f"999999=gpu-node-3.example.com:{large_uuid(3, 0).upper()}\n", "insert failed: key"),
         (named + "9=x:1,\n", f"line {named.count(chr(10)) + 1}: empty GPU index"),
         # A PCI bus ID outside DRA mode.
@@ -580,6 +578,30 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
             answer = apiserver.create(obj)
             assert not answer.allowed
             assert problem in answer.message, answer.message[:500]
+    # The documented trade-off: a node named two ways is found by sorting, which costs n^2, so
+    # past 400 runs of entries the policy does not look (the scheduler and the webhook refuse it).
+    for mixed in (
+        named + "999999=gpu-node-0.example.com:7\n",
+        text + f"999999=gpu-node-0.example.com:{large_uuid(0, 9)}\n",
+    ):
+        with pytest.raises(MapError, match="has its GPUs named by"):
+            parse(mixed)
+        assert apiserver.create(statefulset(mixed)).allowed
+
+
+def test_a_node_named_two_ways_is_found_up_to_400_runs_of_entries(apiserver: Apiserver) -> None:
+    """Entries on 399 nodes (names of 200 characters, every third by UUID), then one more on the
+    last node by UUID where it was named by index: 400 runs, refused."""
+    long = "." + "a" * 200
+    lines = [f"{o}=gpu-node-{o}{long}:{large_uuid(o, 0) if o % 3 == 0 else 0}\n" for o in range(399)]
+    text = "".join(lines) + f"399=gpu-node-398{long}:{large_uuid(398, 1)}\n"
+    with pytest.raises(MapError, match=r"line 400: node 'gpu-node-398\.aaa"):
+        parse(text)
+    for obj in (pod(text, "0"), statefulset(text)):
+        answer = apiserver.create(obj)
+        assert not answer.allowed
+        # Past 32 KiB the policy's own message, without the line.
+        assert "gpu-scheduling-map is malformed" in answer.message, answer.message[:300]
 
 
 # -- pods of the StatefulSet controller ------------------------------------------------------------
