@@ -492,6 +492,17 @@ def test_gpus_named_by_uuid_are_injected_as_the_map_names_them(apiserver: Apiser
         assert env[CUDA_VISIBLE_DEVICES] == ("0,1" if mode == "nvidia" else f"{UUID},{UUID2}")
 
 
+def test_an_index_as_long_as_a_uuid_is_an_index(apiserver: Apiserver) -> None:
+    # 40 characters, like a UUID: the policies tell them apart as the parser does.
+    text = f"0=node1:{'0' * 39}1\n1=node2:{UUID}\n"
+    assert parse(text)[0].gpus == (1,)
+    for mode, scheduler in SCHEDULERS.items():
+        sent = pod(text, "0", scheduler)
+        answer = apiserver.create(sent)
+        assert not disagreement(text, "0", mode, answer, sent), answer.message
+    assert apiserver.create(statefulset(text)).allowed
+
+
 def test_a_gpu_named_by_pci_bus_id_is_refused_outside_dra_mode(apiserver: Apiserver) -> None:
     text = "0=node1:0\n1=node2:00000000:3B:00.0, 0000:3c:00.0\n2=node3:0000:af:00.0\n"
     message = (
