@@ -62,7 +62,12 @@ def _status(_: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from localcluster.demo import run
 
-    return run(keep=args.keep, workdir=Path(args.workdir) if args.workdir else None, webhook=args.webhook)
+    return run(
+        keep=args.keep,
+        workdir=Path(args.workdir) if args.workdir else None,
+        webhook=args.webhook,
+        dra_mode=args.dra,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         "--webhook",
         action="store_true",
         help="inject with the admission webhook (pods, TLS certificates) instead of the default policy",
+    )
+    demo.add_argument(
+        "--dra",
+        action="store_true",
+        help="DRA mode: publish ResourceSlices like NVIDIA's DRA driver's on the kwok GPU nodes, install "
+        "the chart with dra.enabled=true; each replica's GPUs become a ResourceClaim kube-scheduler allocates",
     )
     demo.set_defaults(func=_demo)
     args = parser.parse_args(argv)

@@ -39,6 +39,8 @@ BASE_VALUES: dict[str, Any] = {
 
 # What the chart's injection.mode auto and policy look for in helm's capabilities.
 MUTATING_POLICY_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+# resource.k8s.io/v1 (DRA, Kubernetes >= 1.34): what dra.enabled needs.
+DRA_API = "resource.k8s.io/v1/ResourceClaim"
 
 SCHEDULER_SA = "gpu-scheduler"
 # The scheduler's default Lease name (scheduler/settings.py), which the chart's Role names.
@@ -85,6 +87,8 @@ def render_chart(
             # plane (Kubernetes 1.37) serves, as helm install learns by discovery.
             "--api-versions",
             MUTATING_POLICY_API,
+            "--api-versions",
+            DRA_API,
         ).stdout
     return [d for d in yaml.safe_load_all(text) if d]
 

@@ -24,6 +24,7 @@ from gpu_scheduling.kube.tls import server_context
 from scheduler import settings as settings_mod
 from scheduler.binding import PodWriter
 from scheduler.core import Scheduler
+from scheduler.dra import ClaimController
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender, ExtenderServer
 from scheduler.leader import LeaderElector
@@ -91,6 +92,19 @@ def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
     return sched
 
 
+def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
+    """DRA mode's claim controller: the scheduler's events, writer and leadership."""
+    return ClaimController(
+        api_client,
+        sched.events,
+        sched.writer,
+        sched.is_leader,
+        driver=settings.dra_driver,
+        device_class=settings.dra_device_class,
+        field_manager=settings.scheduler_name,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_mod.load(argv)
@@ -154,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extender_server is not None:
         extender_server.start()
     scheduler.start()
+    if settings.dra:
+        build_claims(settings, api_client, scheduler).start(scheduler.stop_event)
     try:
         scheduler.run_until_stopped()
     finally:

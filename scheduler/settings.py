@@ -69,6 +69,11 @@ class Settings:
     # A replica waiting for a GPU that an outdated replica of ANOTHER StatefulSet of its
     # namespace holds may evict it (scheduler/rollout.py). Off: only its own StatefulSet's.
     rollout_evict_other_workloads: bool = False
+    # DRA mode (scheduler/dra.py): make, pin and explain each replica's ResourceClaim, which
+    # kube-scheduler allocates (the injection policy hands DRA replicas to it).
+    dra: bool = False
+    dra_driver: str = "gpu.nvidia.com"
+    dra_device_class: str = "gpu.nvidia.com"
     # standalone: this process binds pods from its own queue. extender: kube-scheduler
     # places them and calls this process's filter and bind (scheduler/extender.py).
     mode: str = STANDALONE
@@ -104,7 +109,13 @@ class Settings:
             problems.append(
                 f"backoff needs 0 < initial <= max, got {self.backoff_initial} and {self.backoff_max}"
             )
+        if self.dra and not (self.dra_driver and self.dra_device_class):
+            problems.append("DRA mode needs a driver and a device class name")
         if self.mode == EXTENDER:
+            if self.dra:
+                problems.append(
+                    "DRA mode and extender mode exclude each other (kube-scheduler places DRA replicas)"
+                )
             if not (self.extender_tls_cert_file and self.extender_tls_key_file):
                 problems.append(
                     "GPU_SCHEDULER_MODE=extender needs GPU_SCHEDULER_EXTENDER_TLS_CERT_FILE and "
@@ -244,6 +255,27 @@ TABLE: tuple[Setting, ...] = (
         config.boolean,
         "a rollout may also evict an outdated replica of another StatefulSet of the namespace",
         "--rollout-evict-other-workloads",
+    ),
+    Setting(
+        "dra",
+        "GPU_SCHEDULER_DRA",
+        config.boolean,
+        "DRA mode: make and keep each replica's ResourceClaim (kube-scheduler allocates it)",
+        "--dra",
+    ),
+    Setting(
+        "dra_driver",
+        "GPU_SCHEDULER_DRA_DRIVER",
+        config.text,
+        "DRA mode: the driver whose ResourceSlices publish the GPUs",
+        "--dra-driver",
+    ),
+    Setting(
+        "dra_device_class",
+        "GPU_SCHEDULER_DRA_DEVICE_CLASS",
+        config.text,
+        "DRA mode: the DeviceClass each claim's requests name",
+        "--dra-device-class",
     ),
     Setting(
         "mode",

@@ -377,6 +377,20 @@ step of moving from webhook to policy with no window (docs/injection.md); NOTES.
 {{- if and (eq .Values.injection.mode "policy") (not (include "gpu-scheduler.servesMutatingPolicy" .)) }}
 {{- fail (printf "injection.mode=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes >= 1.36), which this cluster does not serve (Kubernetes %s; with `helm template`, pass --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy): use injection.mode=webhook, or auto" .Capabilities.KubeVersion.Version) }}
 {{- end }}
+{{- if .Values.dra.enabled }}
+{{- if ne (include "gpu-scheduler.injectionMode" .) "policy" }}
+{{- fail "dra.enabled needs the injection policy (injection.mode=policy, or auto on Kubernetes >= 1.36 with webhook.enabled=false): the MutatingAdmissionPolicy gives each replica its ResourceClaim; the webhook does not" }}
+{{- end }}
+{{- if .Values.webhook.enabled }}
+{{- fail "dra.enabled and webhook.enabled exclude each other: in DRA mode the policy gives each replica its ResourceClaim, and the webhook would inject CUDA_VISIBLE_DEVICES for GPUs the container does not see by those numbers" }}
+{{- end }}
+{{- if .Values.extender.enabled }}
+{{- fail "dra.enabled and extender.enabled exclude each other: in DRA mode the cluster's kube-scheduler (dra.schedulerName) places the replicas" }}
+{{- end }}
+{{- if not (.Capabilities.APIVersions.Has "resource.k8s.io/v1/ResourceClaim") }}
+{{- fail (printf "dra.enabled needs resource.k8s.io/v1 (Kubernetes >= 1.34), which this cluster does not serve (Kubernetes %s; with `helm template`, pass --api-versions resource.k8s.io/v1/ResourceClaim)" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- end }}
 {{- if .Values.extender.enabled }}
 {{- if not .Values.extender.tls.caBundle }}
 {{- fail "extender.enabled needs extender.tls.caBundle (base64 PEM of the CA that signed the extender's serving certificate; kube-scheduler verifies the extender with it)" }}

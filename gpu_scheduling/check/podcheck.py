@@ -6,23 +6,43 @@ from collections.abc import Callable, Mapping
 
 from gpu_scheduling import nvml
 from gpu_scheduling.check.results import Result
-from gpu_scheduling.check.settings import MODES, Settings
-from gpu_scheduling.injection import desired_env
+from gpu_scheduling.check.settings import DRA_MODE, MODES, Settings
+from gpu_scheduling.injection import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, PCI_BUS_ID, desired_env
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
 from gpu_scheduling.schedmap import Entry, MapError, SchedulingMap, gpu_name, parse
 
 
 def expected_env(entry: Entry, mode: str) -> dict[str, str]:
-    """The variables the webhook sets for ``entry`` in injection ``mode`` (gpu_scheduling.injection)."""
+    """The variables the webhook sets for ``entry`` in injection ``mode`` (gpu_scheduling.injection).
+
+    DRA mode: CUDA_DEVICE_ORDER alone. The DRA driver mounts only the claim's GPUs, so CUDA
+    numbers them 0..n-1 by itself (in PCI bus ID order)."""
+    if mode == DRA_MODE:
+        return {CUDA_DEVICE_ORDER: PCI_BUS_ID}
     return dict(desired_env(entry, "nvidia" if mode == "nvidia" else "cuda"))
 
 
 def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:
-    """One result per variable the mode requires: equal strings, nothing looser."""
-    return [
+    """One result per variable the mode requires: equal strings, nothing looser. In DRA mode
+    also CUDA_VISIBLE_DEVICES unset: over the claim's GPUs (numbered from 0) it would hide or
+    reorder some of them."""
+    results = [
         Result(f"env:{name}", want, env.get(name), env.get(name) == want, pod)
         for name, want in expected_env(entry, mode).items()
     ]
+    if mode == DRA_MODE:
+        have = env.get(CUDA_VISIBLE_DEVICES)
+        results.append(
+            Result(
+                f"env:{CUDA_VISIBLE_DEVICES}",
+                None,
+                have,
+                CUDA_VISIBLE_DEVICES not in env,
+                pod,
+                {"why": "DRA mode: the container sees only its claim's GPUs, numbered from 0; unset it"},
+            )
+        )
+    return results
 
 
 def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
@@ -67,11 +87,12 @@ def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
         return results, None
     results.append(Result("node", entry.node, settings.node_name, settings.node_name == entry.node, pod))
     if settings.injection_mode in MODES:
-        env = {
+        given = {
             "CUDA_VISIBLE_DEVICES": settings.cuda_visible_devices,
             "CUDA_DEVICE_ORDER": settings.cuda_device_order,
             "NVIDIA_VISIBLE_DEVICES": settings.nvidia_visible_devices,
         }
+        env = {name: value for name, value in given.items() if value is not None}  # None: unset
         results.extend(env_results(entry, settings.injection_mode, env, pod))
     return results, entry
 
@@ -101,9 +122,17 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
     results = [Result("nvml", None, report.to_json(), not report.errors, pod)]
     if entry is None:
         return results
-    isolated = settings.injection_mode == "nvidia" or settings.nvidia_visible_devices == entry.devices
+    dra_mode = settings.injection_mode == DRA_MODE
+    isolated = (
+        dra_mode or settings.injection_mode == "nvidia" or settings.nvidia_visible_devices == entry.devices
+    )
     if isolated:
         # The container runtime exposes only the mapped GPUs: NVML must count exactly those.
+        why = (
+            "DRA mode: the driver mounts only the claim's GPUs"
+            if dra_mode
+            else "NVIDIA_VISIBLE_DEVICES isolates the mapped GPUs"
+        )
         results.append(
             Result(
                 "nvml:count",
@@ -111,7 +140,7 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
                 report.count,
                 report.count == len(entry.gpus),
                 pod,
-                {"why": "NVIDIA_VISIBLE_DEVICES isolates the mapped GPUs"},
+                {"why": why},
             )
         )
     if entry.kind == "uuid":

@@ -9,9 +9,12 @@ from gpu_scheduling import config
 from gpu_scheduling.config import Setting, SettingsError
 from gpu_scheduling.injection import INJECTION_MODES
 
-__all__ = ["MODES", "TABLE", "Settings", "SettingsError"]
+__all__ = ["DRA_MODE", "MODES", "TABLE", "Settings", "SettingsError"]
 
-MODES = INJECTION_MODES
+# DRA mode (the scheduler chart's dra.enabled): the admission policy gives each replica a
+# ResourceClaim instead of a device list; the env carries CUDA_DEVICE_ORDER alone.
+DRA_MODE = "dra"
+MODES = (*INJECTION_MODES, DRA_MODE)
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,12 @@ TABLE: tuple[Setting, ...] = (
         "as the webhook injected it",
         keep_empty=True,
     ),
-    Setting("injection_mode", "GPU_INJECTION_MODE", _mode, "`cuda` or `nvidia`, as the webhook's mode"),
+    Setting(
+        "injection_mode",
+        "GPU_INJECTION_MODE",
+        _mode,
+        "`cuda` or `nvidia`, as the webhook's mode; `dra` in DRA mode",
+    ),
     Setting(
         "expect_no_gpu",
         "CHECK_EXPECT_NO_GPU",

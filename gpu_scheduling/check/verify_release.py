@@ -1,4 +1,11 @@
-"""``verify-release``: through the API, every selected pod is Running on its mapped node with the mapped env."""
+"""``verify-release``: through the API, every selected pod is Running on its mapped node with the mapped env.
+
+In DRA mode (``--mode dra``, or in ``auto`` a pod that references its ResourceClaim), the GPUs
+are the claim's allocation, so instead of CUDA_VISIBLE_DEVICES it checks that the pod and each of
+its containers reference the claim ``<pod>-gpus``, that the claim is allocated exactly the
+devices the pod's entry resolves to on its node (read from the node's ResourceSlices, with
+gpu_scheduling.dra, as the scheduler resolves them) and that the claim is reserved for this pod.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +14,21 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from gpu_scheduling import dra
 from gpu_scheduling.check.podcheck import env_results
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, Result, log, log_result, passed
+from gpu_scheduling.check.settings import DRA_MODE
+from gpu_scheduling.injection import pod_containers
 from gpu_scheduling.kube.client import KubeConfigError, load_client
 from gpu_scheduling.kube.errors import api_error
 from gpu_scheduling.objects import Meta, Pod
 from gpu_scheduling.podinfo import ordinal_of
-from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
+from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, parse
 
 
 @dataclass
@@ -71,6 +81,134 @@ def _map_of(obj: Mapping[str, Any]) -> str | None:
 REVISION_LABEL = "controller-revision-hash"
 
 
+@dataclass
+class DraState:
+    """What DRA mode reads besides the pods: the pods' ResourceClaims by name (None: unreadable,
+    ``claim_errors`` says why) and the driver's ResourceSlices (``slices_error``: unreadable)."""
+
+    claims: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
+    claim_errors: dict[str, str] = field(default_factory=dict)
+    slices: list[Mapping[str, Any]] = field(default_factory=list)
+    slices_error: str | None = None
+
+
+# Where a 403 on claims or slices comes from, and the way out.
+DRA_RBAC_HINT = (
+    "the check chart's helm test account reads ResourceClaims and ResourceSlices only with "
+    "gpuScheduling.injectionMode=dra"
+)
+
+
+def _pod_mode(pod: Mapping[str, Any], mode: str) -> str:
+    """``dra`` for a pod checked in DRA mode: ``--mode dra``, or in auto a pod that references its claim."""
+    if mode == DRA_MODE or (mode == "auto" and dra.pod_claim_name(pod) is not None):
+        return DRA_MODE
+    return mode
+
+
+def dra_results(
+    pod: Mapping[str, Any], entry: Entry, who: str, state: DraState
+) -> tuple[list[Result], str | None, str | None]:
+    """The DRA checks of one pod; also the devices it got and the devices its entry names
+    (``gpu-2,gpu-0``: device names, map order) for the table."""
+    view = Pod(pod)
+    name = str(view.name)
+    want_claim = dra.claim_name(name)
+    have_claim = dra.pod_claim_name(pod)
+    results = [
+        Result(
+            "dra:claim-ref",
+            want_claim,
+            have_claim,
+            have_claim == want_claim,
+            who,
+            {"field": f"spec.resourceClaims[name={dra.POD_CLAIM}].resourceClaimName"},
+        )
+    ]
+    missing = [
+        str(c.get("name"))
+        for c in pod_containers(view.spec)
+        if not any(
+            isinstance(ref, Mapping) and ref.get("name") == dra.POD_CLAIM
+            for ref in (c.get("resources") or {}).get("claims") or []
+        )
+    ]
+    results.append(
+        Result(
+            "dra:container-claims",
+            f"every container lists claim {dra.POD_CLAIM} in resources.claims",
+            {"without": missing},
+            not missing,
+            who,
+        )
+    )
+    expected_shown: str | None = None
+    resolved: list[dra.Device] | None = None
+    if state.slices_error is not None:
+        results.append(
+            Result(
+                "dra:devices",
+                f"the {dra.DRIVER} devices of node {entry.node}",
+                state.slices_error,
+                False,
+                who,
+                {"why": DRA_RBAC_HINT},
+            )
+        )
+    else:
+        devices = dra.node_devices(state.slices, entry.node)
+        try:
+            resolved = dra.resolve(entry, devices)
+        except dra.Unresolved as err:
+            results.append(Result("dra:devices", str(entry), str(err), False, who))
+        else:
+            expected_shown = ",".join(d.name for d in resolved)
+    if have_claim is None:
+        return results, None, expected_shown
+    claim = state.claims.get(have_claim)
+    if claim is None:
+        results.append(
+            Result(
+                "dra:claim",
+                f"ResourceClaim {view.namespace}/{have_claim}",
+                state.claim_errors.get(have_claim, "not found"),
+                False,
+                who,
+            )
+        )
+        return results, None, expected_shown
+    got = dra.allocation(claim)
+    shown = ",".join(a.device for a in sorted(got, key=lambda a: a.request)) or None
+    if resolved is not None:
+        results.append(
+            Result(
+                "dra:allocation",
+                [f"{d.pool}/{d.name}" for d in resolved],
+                [f"{a.pool}/{a.device}" for a in sorted(got, key=lambda a: a.request)],
+                dra.matches(claim, entry, resolved),
+                who,
+                {"claim": have_claim, "devices": [d.describe() for d in resolved]},
+            )
+        )
+    uid = view.meta.get("uid")
+    reserved = [
+        r
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, Mapping) and r.get("resource") == "pods"
+    ]
+    results.append(
+        Result(
+            "dra:reserved",
+            f"pods/{name}",
+            [f"pods/{r.get('name')}" for r in reserved],
+            any(r.get("name") == name and (not uid or r.get("uid") == uid) for r in reserved),
+            who,
+            {"claim": have_claim},
+        )
+    )
+    return results, shown, expected_shown
+
+
 def revision_result(
     pod: Mapping[str, Any], owner: Mapping[str, Any], ordinal: int | None, who: str
 ) -> Result | None:
@@ -108,8 +246,10 @@ def evaluate_release(
     namespace: str,
     mode: str = "auto",
     owner_errors: Mapping[str, str] | None = None,
+    dra_state: DraState | None = None,
 ) -> tuple[list[Result], list[PodRow]]:
-    """Pure logic of verify-release: pods and their owning StatefulSets (by name) as API dicts."""
+    """Pure logic of verify-release: pods and their owning StatefulSets (by name) as API dicts;
+    in DRA mode also the pods' claims and the ResourceSlices (``dra_state``)."""
     results: list[Result] = []
     rows: list[PodRow] = []
     # A pod with no map and no owning StatefulSet is not part of the placement (the
@@ -180,7 +320,17 @@ def evaluate_release(
         results.append(Result("phase", "Running", phase, phase == "Running", who))
         node = spec.get("nodeName")
         devices_shown: str | None = None
-        if entry is not None:
+        expected_devices = entry.devices if entry else None
+        pod_mode = _pod_mode(pod, mode)
+        if entry is not None and pod_mode == DRA_MODE:
+            results.append(Result("node", entry.node, node, node == entry.node, who))
+            found, devices_shown, expected_devices = dra_results(pod, entry, who, dra_state or DraState())
+            results.extend(found)
+            for container in spec.get("containers") or []:
+                for r in env_results(entry, DRA_MODE, _container_env(container), who):
+                    r.extra.update({"container": container.get("name"), "mode": DRA_MODE})
+                    results.append(r)
+        elif entry is not None:
             results.append(Result("node", entry.node, node, node == entry.node, who))
             for container in spec.get("containers") or []:
                 env = _container_env(container)
@@ -198,7 +348,7 @@ def evaluate_release(
                 node,
                 entry.node if entry else None,
                 devices_shown,
-                entry.devices if entry else None,
+                expected_devices,
                 ok,
             )
         )
@@ -252,10 +402,57 @@ class _Fetched:
     owners: dict[str, Mapping[str, Any] | None]
     owner_errors: dict[str, str]
     forbidden: bool  # a 401/403: waiting will not help
+    dra_state: DraState | None = None
 
 
-def _fetch_release(api: Any, core: Any, apps: Any, namespace: str, selector: str) -> _Fetched:
-    """The selected pods and their owning StatefulSets, as API-shaped dicts (camelCase keys)."""
+def _raw(response: Any) -> Any:
+    import json
+
+    return json.loads(response.data)
+
+
+def _fetch_dra(api: Any, pods: Sequence[Mapping[str, Any]], namespace: str, out: _Fetched) -> None:
+    """DRA mode: the claims the pods reference (get, in the namespace) and the driver's
+    ResourceSlices (one list, cluster-scoped), raw JSON (the API's own camelCase)."""
+    from kubernetes.client import ResourceV1Api
+
+    resource = ResourceV1Api(api)
+    state = DraState()
+    try:
+        state.slices = list(
+            _raw(
+                resource.list_resource_slice(
+                    field_selector=f"spec.driver={dra.DRIVER}", _preload_content=False
+                )
+            ).get("items")
+            or []
+        )
+    except ApiException as err:
+        state.slices_error = f"{err.status} {err.reason}: list resourceslices.resource.k8s.io"
+        out.forbidden = out.forbidden or api_error(err).denied
+    for pod in pods:
+        name = dra.pod_claim_name(pod)
+        if name is None or name in state.claims:
+            continue
+        try:
+            state.claims[name] = _raw(
+                resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+            )
+        except ApiException as err:
+            state.claims[name] = None
+            denied = api_error(err).denied
+            state.claim_errors[name] = f"{err.status} {err.reason}: get resourceclaims.resource.k8s.io " + (
+                f"{namespace}/{name} ({DRA_RBAC_HINT})" if denied else f"{namespace}/{name}"
+            )
+            out.forbidden = out.forbidden or denied
+    out.dra_state = state
+
+
+def _fetch_release(
+    api: Any, core: Any, apps: Any, namespace: str, selector: str, mode: str = "auto"
+) -> _Fetched:
+    """The selected pods and their owning StatefulSets, as API-shaped dicts (camelCase keys);
+    in DRA mode also their claims and the ResourceSlices."""
     pods: list[dict[str, Any]] = (
         api.sanitize_for_serialization(core.list_namespaced_pod(namespace, label_selector=selector)).get(
             "items"
@@ -275,6 +472,8 @@ def _fetch_release(api: Any, core: Any, apps: Any, namespace: str, selector: str
             out.owners[name] = None
             out.owner_errors[name] = f"{err.status} {err.reason}: get statefulsets.apps {namespace}/{name}"
             out.forbidden = out.forbidden or api_error(err).denied
+    if any(_pod_mode(p, mode) == DRA_MODE for p in pods):
+        _fetch_dra(api, pods, namespace, out)
     return out
 
 
@@ -331,9 +530,9 @@ def cmd_verify_release(args: argparse.Namespace) -> int:
     rows: list[PodRow] = []
     while True:
         try:
-            got = _fetch_release(api, core, apps, args.namespace, args.selector)
+            got = _fetch_release(api, core, apps, args.namespace, args.selector, args.mode)
             results, rows = evaluate_release(
-                got.pods, got.owners, args.namespace, args.mode, got.owner_errors
+                got.pods, got.owners, args.namespace, args.mode, got.owner_errors, got.dra_state
             )
             if got.forbidden:
                 break  # permissions will not change while we wait

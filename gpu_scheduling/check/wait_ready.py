@@ -11,7 +11,8 @@ Ready means both of:
    carrying the map annotation, the scheduler's ``schedulerName`` and the pod-index
    label of the map's lowest ordinal comes back with that entry's variables
    (``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER``, and ``NVIDIA_VISIBLE_DEVICES`` in
-   ``nvidia`` mode). The apiserver runs the mutating webhooks of a dry-run request
+   ``nvidia`` mode; in ``dra`` mode, the reference to its ResourceClaim and
+   ``CUDA_DEVICE_ORDER`` alone). The apiserver runs the mutating webhooks of a dry-run request
    (the chart's declares ``sideEffects: None``) and stores nothing.
 
 Why the check chart runs this first (a Helm pre-install/pre-upgrade hook, an Argo CD
@@ -30,15 +31,26 @@ pod`` for a Helm hook; a success writes nothing there (see :func:`cmd_wait_ready
 from __future__ import annotations
 
 import argparse
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpu_scheduling import dra
 from gpu_scheduling.check.results import EXIT_MISMATCH, EXIT_OK, EXIT_USAGE, log
+from gpu_scheduling.check.settings import DRA_MODE
 from gpu_scheduling.check.verify_release import TERMINATION_MESSAGE_LIMIT, _write_termination_message
-from gpu_scheduling.injection import InjectionMode, desired_env, plain_env, pod_containers
+from gpu_scheduling.injection import (
+    CUDA_DEVICE_ORDER,
+    CUDA_VISIBLE_DEVICES,
+    PCI_BUS_ID,
+    InjectionMode,
+    desired_env,
+    plain_env,
+    pod_containers,
+)
 from gpu_scheduling.kube.client import KubeConfigError, load_client
 from gpu_scheduling.kube.errors import ApiError, api_error, error_message
 from gpu_scheduling.kube.jsonio import read_json
@@ -54,6 +66,7 @@ DENIED_GRACE = 15.0
 # One API call may not eat the whole budget.
 REQUEST_TIMEOUT = (5, 15)
 PROBE_LABEL = "gpu-scheduler.io/wait-ready-probe"
+PROBE_PREFIX = "gpu-scheduler-wait-ready-probe-"
 
 
 # ---------------------------------------------------------------- the Lease (pure)
@@ -163,6 +176,7 @@ class Target:
     smap: SchedulingMap
     mode: InjectionMode = "cuda"
     image: str = "gpu-scheduler-check"
+    dra: bool = False  # DRA mode (--mode dra): a claim reference instead of a device list
     service_account: str = ""  # "" lets the apiserver use "default"
 
     @property
@@ -211,18 +225,20 @@ def probe_pod(target: Target) -> dict[str, Any]:
     }
     if target.service_account:
         spec["serviceAccountName"] = target.service_account
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            # generateName: never collides with a real pod; the ordinal is the label's.
-            "generateName": "gpu-scheduler-wait-ready-probe-",
-            "namespace": target.namespace,
-            "labels": {POD_INDEX_LABEL: str(ordinal), PROBE_LABEL: "true"},
-            "annotations": {ANNOTATION: target.smap.format()},
-        },
-        "spec": spec,
+    meta: dict[str, Any] = {
+        # generateName: never collides with a real pod; the ordinal is the label's.
+        "generateName": PROBE_PREFIX,
+        "namespace": target.namespace,
+        "labels": {POD_INDEX_LABEL: str(ordinal), PROBE_LABEL: "true"},
+        "annotations": {ANNOTATION: target.smap.format()},
     }
+    if target.dra:
+        # DRA mode: the policy names the claim after the pod (<pod>-gpus), so it mutates only a
+        # pod whose name is known at admission; the apiserver fills generateName later. A random
+        # suffix made here does the same job (a dry-run stores nothing).
+        del meta["generateName"]
+        meta["name"] = PROBE_PREFIX + secrets.token_hex(4)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def _shown(value: str | None) -> str:
@@ -231,13 +247,43 @@ def _shown(value: str | None) -> str:
     return repr(value if len(value) <= 40 else value[:40] + "…")
 
 
-def injection_problem(pod: Mapping[str, Any], entry: Entry, mode: InjectionMode, ordinal: int) -> str | None:
+def _dra_problem(pod: Mapping[str, Any], what: str) -> str | None:
+    """DRA mode: the pod references its claim, every container lists it and has
+    CUDA_DEVICE_ORDER=PCI_BUS_ID and no CUDA_VISIBLE_DEVICES."""
+    if dra.pod_claim_name(pod) is None:
+        return (
+            f"{what} came back without its ResourceClaim (spec.resourceClaims[name={dra.POD_CLAIM}]): "
+            "the injection policy does not run in DRA mode (the scheduler chart's dra.enabled) yet"
+        )
+    for container in pod_containers(pod.get("spec")):
+        claims = (container.get("resources") or {}).get("claims") or []
+        if not any(isinstance(c, Mapping) and c.get("name") == dra.POD_CLAIM for c in claims):
+            return (
+                f"{what} came back with container {container.get('name')} not listing claim {dra.POD_CLAIM}"
+            )
+        env = plain_env(container)
+        if env.get(CUDA_DEVICE_ORDER) != PCI_BUS_ID:
+            return f"{what} came back without {CUDA_DEVICE_ORDER}={PCI_BUS_ID}"
+        if CUDA_VISIBLE_DEVICES in env:
+            return (
+                f"{what} came back with {CUDA_VISIBLE_DEVICES}={_shown(env[CUDA_VISIBLE_DEVICES])}, which DRA "
+                "mode never sets (injected by something else, or the policy is not in DRA mode)"
+            )
+    return None
+
+
+def injection_problem(
+    pod: Mapping[str, Any], entry: Entry, mode: InjectionMode, ordinal: int, dra_mode: bool = False
+) -> str | None:
     """None when every container of the dry-run's answer carries ``entry``'s variables for
-    ``mode``, else the first thing missing, in words."""
+    ``mode`` (in DRA mode: its claim, see :func:`_dra_problem`), else the first thing missing,
+    in words."""
     containers = pod_containers(pod.get("spec"))
     what = f"dry-run of a mapped pod (ordinal {ordinal}, {entry})"
     if not containers:
         return f"{what} came back without containers"
+    if dra_mode:
+        return _dra_problem(pod, what)
     for container in containers:
         env = plain_env(container)
         for name, want in desired_env(entry, mode):
@@ -251,7 +297,9 @@ def injection_problem(pod: Mapping[str, Any], entry: Entry, mode: InjectionMode,
     return None
 
 
-def injected_text(entry: Entry, mode: InjectionMode) -> str:
+def injected_text(entry: Entry, mode: InjectionMode, dra_mode: bool = False) -> str:
+    if dra_mode:
+        return f"its ResourceClaim reference ({dra.POD_CLAIM}) and {CUDA_DEVICE_ORDER}={PCI_BUS_ID}"
     return ", ".join(f"{k}={v}" for k, v in desired_env(entry, mode))
 
 
@@ -330,7 +378,7 @@ def check_injection(core: Any, target: Target, poll: Poll) -> None:
     if not isinstance(answer, Mapping):
         poll.injection = f"{what} came back with no pod"
         return
-    poll.injection = injection_problem(answer, target.entry, target.mode, target.ordinal)
+    poll.injection = injection_problem(answer, target.entry, target.mode, target.ordinal, target.dra)
 
 
 def poll_once(api: Any, coord: Any, core: Any, target: Target, tracker: LeaseTracker) -> Poll:
@@ -357,7 +405,7 @@ def ready_summary(target: Target, poll: Poll, elapsed: float, polls: int) -> str
     )
     return (
         f"placement path ready after {elapsed:.1f} s ({polls} poll{'s' if polls != 1 else ''}): {lease}; "
-        f"a dry-run pod for ordinal {target.ordinal} came back with {injected_text(target.entry, target.mode)}"
+        f"a dry-run pod for ordinal {target.ordinal} came back with {injected_text(target.entry, target.mode, target.dra)}"
     )
 
 
@@ -381,6 +429,7 @@ def build_target(args: argparse.Namespace) -> Target:
         mode="nvidia" if args.mode == "nvidia" else "cuda",
         image=args.image,
         service_account=args.service_account or "",
+        dra=args.mode == DRA_MODE,
     )
 
 
@@ -411,7 +460,7 @@ def cmd_wait_ready(
         "lease": f"{target.lease_namespace}/{target.lease_name}" if target.lease_name else None,
         "ordinal": target.ordinal,
         "entry": str(target.entry),
-        "mode": target.mode,
+        "mode": DRA_MODE if target.dra else target.mode,
     }
     log.info("waiting for the placement path", extra={**ctx, "timeout_s": args.timeout})
     start = clock()

@@ -83,9 +83,10 @@ def send_json(
     api_client: Any,
     method: str,
     path: str,
-    body: Mapping[str, Any],
+    body: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     timeout: tuple[float, float],
     query: Sequence[tuple[str, str]] = (),
+    content_type: str = "application/json",
 ) -> None:
     """One write on the hot path, a plain dict in and nothing read back but the status.
 
@@ -99,8 +100,8 @@ def send_json(
         method=method,
         resource_path=path,
         query_params=list(query),
-        header_params={"Content-Type": "application/json", "Accept": "application/json"},
-        body=dict(body),
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=dict(body) if isinstance(body, Mapping) else list(body),
         auth_settings=["BearerToken"],
     )
     resp = api_client.call_api(

@@ -50,6 +50,14 @@ EVICTED_FOR_ROLLOUT = "EvictedForRollout"
 # operator force-deletes it (scheduler/lostnode.py).
 TERMINATING_ON_NOT_READY_NODE = "TerminatingOnNotReadyNode"
 
+# DRA mode (scheduler/dra.py): Events on a replica about its ResourceClaim.
+CLAIM_CREATED = "ClaimCreated"  # Normal: its claim was made from its entry
+CLAIM_REPLACED = "ClaimReplaced"  # Normal: a claim made for another entry was deleted, to be made again
+CLAIM_NOT_OURS = "ClaimNotOurs"  # Warning: a claim of that name exists that gpu-scheduler did not make
+GPU_NOT_PUBLISHED = "GPUNotPublished"  # Warning: a GPU of the entry is in no ResourceSlice of its node
+GPU_ALLOCATED_ELSEWHERE = "GPUAllocatedElsewhere"  # Warning: a GPU of the entry is another claim's
+ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU its node no longer publishes
+
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
 
@@ -83,4 +91,10 @@ OTHER_REASONS = (
     ABSURD_LEASE_DURATION,
     EVICTED_FOR_ROLLOUT,
     TERMINATING_ON_NOT_READY_NODE,
+    CLAIM_CREATED,
+    CLAIM_REPLACED,
+    CLAIM_NOT_OURS,
+    GPU_NOT_PUBLISHED,
+    GPU_ALLOCATED_ELSEWHERE,
+    ALLOCATED_GPU_GONE,
 )

@@ -172,3 +172,29 @@ def test_wrong_node_still_fails_with_nvml(truth: dict[str, Any]) -> None:
     )
     assert res.returncode == 1
     assert checks_of(res.stderr)["node"]["ok"] is False
+
+
+def test_dra_mode_needs_no_cuda_visible_devices_and_counts_the_claims_gpus(truth: dict[str, Any]) -> None:
+    # DRA mode: the driver mounts only the claim's GPUs, so the container's NVML sees exactly
+    # the entry's count; here (no container) it sees the machine's GPUs, so an entry naming
+    # as many GPUs as the machine has passes and one naming one more fails nvml:count only.
+    n = truth["count"]
+    fits = ",".join(str(i) for i in range(n))
+    res = run_check(
+        GPU_SCHEDULING_MAP=f"0=gpu-host:{fits}", CUDA_DEVICE_ORDER="PCI_BUS_ID", GPU_INJECTION_MODE="dra"
+    )
+    assert res.returncode == 0, res.stderr
+    checks = checks_of(res.stderr)
+    assert (
+        checks["env:CUDA_VISIBLE_DEVICES"]["ok"] is True
+        and checks["env:CUDA_VISIBLE_DEVICES"]["actual"] is None
+    )
+    assert (checks["nvml:count"]["expected"], checks["nvml:count"]["actual"]) == (n, n)
+    assert "nvml:indices" not in checks  # inside the container the claim's GPUs are 0..n-1
+    more = ",".join(str(i) for i in range(n + 1))
+    res = run_check(
+        GPU_SCHEDULING_MAP=f"0=gpu-host:{more}", CUDA_DEVICE_ORDER="PCI_BUS_ID", GPU_INJECTION_MODE="dra"
+    )
+    assert res.returncode == 1, res.stderr
+    failed = {c for c, d in checks_of(res.stderr).items() if d["ok"] is False}
+    assert failed == {"nvml:count"}

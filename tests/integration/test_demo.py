@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from localcluster import dra
 from localcluster.cluster import REPO
 from localcluster.procs import pid_alive
 
@@ -15,9 +16,37 @@ from localcluster.procs import pid_alive
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.parametrize("mode", ["policy", "webhook"])
+def dra_expected_rows() -> list[tuple[str, ...]]:
+    """The example's replicas in DRA mode, a line per device: an index is the node's i-th GPU
+    in PCI bus ID order, so node2's index 2 is its gpu-0 (node2's minors are not in bus order)."""
+    rows = []
+    for ordinal, node, indices in ((0, "node1", (0, 1)), (1, "node2", (2,)), (2, "node3", (0, 1, 2))):
+        by_bus = sorted(dra.node_gpus(node, 4), key=lambda g: g.pci_bus_id)
+        entry = f"{ordinal}={node}:{','.join(map(str, indices))}"
+        for i in indices:
+            g = by_bus[i]
+            pod = f"gpu-workload-{ordinal}"
+            rows.append(
+                (
+                    str(ordinal),
+                    pod,
+                    node,
+                    f"{pod}-gpus",
+                    g.name,
+                    g.pci_bus_id,
+                    g.uuid,
+                    "Running",
+                    entry,
+                    "yes",
+                )
+            )
+    return rows
+
+
+@pytest.mark.parametrize("mode", ["policy", "webhook", "dra"])
 def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
-    """`make demo` (policy mode, the chart's default) and `make demo DEMO_ARGS=--webhook`."""
+    """`make demo` (policy mode, the chart's default), `make demo DEMO_ARGS=--webhook` and
+    `make demo DEMO_ARGS=--dra`."""
     res = subprocess.run(
         [
             sys.executable,
@@ -26,27 +55,49 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
             "demo",
             "--workdir",
             str(tmp_path / "demo"),
-            *(["--webhook"] if mode == "webhook" else []),
+            *([f"--{mode}"] if mode in ("webhook", "dra") else []),
         ],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420 if mode == "dra" else 300,  # dra: also the check chart and its helm test
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = [line.split() for line in res.stdout.splitlines() if re.match(r"^\d+\s+gpu-workload-", line)]
-    assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[-1]) for r in rows] == [
-        ("0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", "yes"),
-        ("1", "gpu-workload-1", "node2", "2", "2", "Running", "yes"),
-        ("2", "gpu-workload-2", "node3", "0,1,2", "0,1,2", "Running", "yes"),
-    ]
+    if mode == "dra":
+        assert [tuple(r) for r in rows] == dra_expected_rows(), res.stdout
+        assert re.search(r"^node2\s+2\s+gpu-0\s+0000:3a:00.0\s", res.stdout, re.M), res.stdout
+        assert "claim is allocated exactly its mapped GPUs" in res.stderr
+        # verify-release --mode dra passed on the same replicas (its table: POD ... OK).
+        verified = [line.split() for line in res.stdout.splitlines() if re.match(r"^gpu-workload-\d\s", line)]
+        assert [(v[0], v[-1]) for v in verified] == [(f"gpu-workload-{i}", "yes") for i in range(3)], (
+            res.stdout
+        )
+        # The check chart in DRA mode: its helm test (verify-release --mode dra, the chart's RBAC)
+        # on the real node; node2's index 0 is its gpu-2.
+        checked = {
+            v[0]: (v[3], v[5], v[-1])
+            for v in (line.split() for line in res.stdout.splitlines())
+            if re.match(r"^gpu-scheduler-check-\d$", v[0] if v else "")
+        }
+        assert checked == {
+            "gpu-scheduler-check-0": ("node1", "gpu-2,gpu-3", "yes"),
+            "gpu-scheduler-check-1": ("node2", "gpu-2", "yes"),
+            "gpu-scheduler-check-2": ("node3", "gpu-3", "yes"),
+        }, res.stdout
+    else:
+        assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[-1]) for r in rows] == [
+            ("0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", "yes"),
+            ("1", "gpu-workload-1", "node2", "2", "2", "Running", "yes"),
+            ("2", "gpu-workload-2", "node3", "0,1,2", "0,1,2", "Running", "yes"),
+        ]
     assert "every replica is Running on its mapped node" in res.stderr
     policies = re.search(r"^admission policies: (.*)$", res.stdout, re.M)
     webhooks = re.search(r"^webhook configurations: (.*)$", res.stdout, re.M)
     secrets = re.search(r"^TLS Secrets: (.*)$", res.stdout, re.M)
     assert policies and webhooks and secrets, res.stdout
-    if mode == "policy":
+    if mode in ("policy", "dra"):
         # No certificate anywhere: no webhook, no TLS Secret; the apiserver injected.
         assert "mutatingadmissionpolicy" in policies.group(1) and "-inject" in policies.group(1)
         assert (webhooks.group(1), secrets.group(1)) == ("none", "none")

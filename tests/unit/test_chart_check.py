@@ -558,3 +558,35 @@ def test_wait_ready_values() -> None:
 )
 def test_schema_rejects_bad_wait_ready_values(bad: str) -> None:
     assert template(CHART, set_args=[bad]).returncode != 0
+
+
+def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -> None:
+    """gpuScheduling.injectionMode=dra: verify-release --mode dra, get on the namespace's
+    ResourceClaims and list on the (cluster-scoped) ResourceSlices; without it, neither."""
+    docs = render(CHART, namespace=NS, set_args=["gpuScheduling.injectionMode=dra"])
+    hooks = component_hooks(docs, "test")
+    role = one(hooks, "Role", f"{FULL}-test")
+    assert role["rules"][-1] == {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims"],
+        "verbs": ["get"],
+    }
+    cluster_role = one(hooks, "ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
+    ]
+    binding = one(hooks, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULL}-test", "namespace": NS}]
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in (cluster_role, binding))
+    (c,) = one(hooks, "Pod")["spec"]["containers"]
+    assert c["args"][c["args"].index("--mode") + 1] == "dra"
+    (init,) = one(hooks, "Pod")["spec"]["initContainers"]
+    assert init["args"][init["args"].index("--mode") + 1] == "dra"
+    env = env_of(sts(docs)["spec"]["template"]["spec"]["containers"][0])
+    assert env["GPU_INJECTION_MODE"] == "dra"
+    plain = component_hooks(render(CHART, namespace=NS), "test")
+    assert (
+        not find(plain, "ClusterRole") and "--mode" not in one(plain, "Pod")["spec"]["containers"][0]["args"]
+    )
+    assert "resource.k8s.io" not in str(one(plain, "Role", f"{FULL}-test")["rules"])
