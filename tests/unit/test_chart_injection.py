@@ -185,7 +185,8 @@ def test_the_map_policy_leaves_the_statefulset_controllers_pods_to_the_statefuls
 def test_the_map_policy_refuses_pci_bus_ids_outside_dra_mode_only(dra: bool) -> None:
     """GPUNameNeedsDRA: a second validation, rendered unless dra.enabled (the grammar's own
     validation accepts the three forms either way)."""
-    docs = render(CHART, values={**POLICY, "dra": {"enabled": dra}}, extra=SERVED)
+    served = [*SERVED, "--api-versions", "resource.k8s.io/v1/ResourceClaim"]
+    docs = render(CHART, values={**POLICY, "dra": {"enabled": dra}}, extra=served)
     validations = one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map")["spec"]["validations"]
     pci = [v for v in validations if "pciNamed" in v["expression"]]
     assert len(pci) == (0 if dra else 1)
