@@ -32,6 +32,7 @@ import urllib3
 from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
 from gpu_scheduling.injection import held_devices, plain_env, pod_containers
+from gpu_scheduling.schedmap import GPU
 
 ARMS = ("A", "E", "B", "B2", "C", "L")
 ARM_NAMES = {
@@ -289,7 +290,7 @@ def check_placement(raw: Raw, namespace: str, pods: list[PodSpec]) -> list[str]:
 
 def double_holders(raw: Raw) -> list[str]:
     """node:GPU pairs held by more than one active bound pod of the benchmark, read back through the API."""
-    held: Counter[tuple[str, int]] = Counter()
+    held: Counter[tuple[str, GPU]] = Counter()
     for pod in raw.list_items(f"/api/v1/pods?labelSelector={PART_OF}%3D{BENCH}"):
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):

@@ -27,7 +27,14 @@ from gpu_scheduling.manifest import (
     find_maps,
     looks_like_manifest,
 )
-from gpu_scheduling.rules import INVALID_MAP, Finding, replica_findings, resolve, unused_ordinals
+from gpu_scheduling.rules import (
+    INVALID_MAP,
+    Finding,
+    pci_needs_dra,
+    replica_findings,
+    resolve,
+    unused_ordinals,
+)
 from gpu_scheduling.schedmap import ANNOTATION, MapError, SchedulingMap, parse
 
 EXIT_OK = 0
@@ -65,6 +72,7 @@ class MapReport:
                 "ordinal": e.ordinal,
                 "node": e.node,
                 "gpus": list(e.gpus),
+                "gpu_kind": e.kind,
                 "line": e.line,
                 "file_line": self.file_line(e.line),
             }
@@ -112,6 +120,17 @@ class InputReport:
 
 def _note(note: Note) -> dict[str, Any]:
     return {"file_line": note.file_line, "message": note.message, "reason": note.reason}
+
+
+def _check_names(report: MapReport, dra: bool) -> None:
+    """A GPU named by PCI bus ID is a warning, unless the cluster runs DRA mode (``--dra``)."""
+    if report.smap is None:
+        return
+    for x in pci_needs_dra(report.smap.values(), dra):
+        first = next(e for e in report.smap.values() if e.kind == "pci")
+        report.warnings.append(
+            {"file_line": report.file_line(first.line), "message": x.message, "reason": x.reason}
+        )
 
 
 def _check_ordinals(report: MapReport, replicas: int | None, start: int) -> None:
@@ -181,8 +200,10 @@ def check_input(
     mode: str = "auto",
     replicas: int | None = None,
     scheduler_name: str = DEFAULT_SCHEDULER_NAME,
+    dra: bool = False,
 ) -> InputReport:
-    """Check one input's text. ``mode``: ``auto``, ``map`` or ``manifest``."""
+    """Check one input's text. ``mode``: ``auto``, ``map`` or ``manifest``; ``dra``: the cluster
+    runs DRA mode (GPUs named by PCI bus ID are then no warning)."""
     shown = _display(source)
     manifest = mode == "manifest" or (
         mode == "auto" and (source.lower().endswith(_YAML_SUFFIXES) or looks_like_manifest(text))
@@ -193,6 +214,7 @@ def check_input(
     if not manifest:
         report = MapReport(shown, None)
         _check_text(report, text)
+        _check_names(report, dra)
         _check_ordinals(report, replicas, 0)
         return InputReport(shown, "map", maps=[report])
     out = InputReport(shown, "manifest")
@@ -217,6 +239,7 @@ def check_input(
             )
         else:
             _check_text(report, f.text)
+            _check_names(report, dra)
         _check_ordinals(report, replicas if replicas is not None else f.replicas, f.ordinal_start)
         out.maps.append(report)
     return out
@@ -282,7 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
         "validate",
         help="check maps; exit 0 valid, 1 invalid, 2 unreadable",
         description="Check a raw map, or every annotation in Kubernetes YAML (multi-document, Lists). "
-        "Exit 0 when every map is valid, 1 when one is not, 2 when an input cannot be read or is not YAML.",
+        "Exit 0 when every map is valid, 1 when one is not, 2 when an input cannot be read or is not YAML. "
+        "A GPU is named by index (0), UUID (GPU-8a3c0d4e-1234-5678-9abc-def012345678, any case) or "
+        "PCI bus ID (0000:3b:00.0 or NVML's 00000000:3B:00.0; DRA mode only), all of a node's GPUs "
+        "one way; the table shows the names normalized (UUIDs lower case, PCI bus IDs lower case "
+        "with a 4-digit domain).",
     )
     v.add_argument("files", nargs="*", metavar="FILE", default=["-"], help="file to check; '-' is stdin")
     v.add_argument("--format", choices=["table", "json"], default="table", help="stdout format")
@@ -299,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the input is; auto: YAML when the file ends in .yaml/.yml/.json or has apiVersion:/kind:",
     )
     v.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    v.add_argument(
+        "--dra",
+        action="store_true",
+        help="the cluster runs DRA mode (chart value dra.enabled=true): GPUs named by PCI bus ID "
+        "are then no warning",
+    )
     v.add_argument(
         "--scheduler-name",
         default=DEFAULT_SCHEDULER_NAME,
@@ -331,6 +364,7 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 mode=args.input,
                 replicas=args.replicas,
                 scheduler_name=args.scheduler_name,
+                dra=args.dra,
             )
         )
     unreadable = any(i.error for i in inputs)

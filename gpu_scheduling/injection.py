@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpu_scheduling.schedmap import MAX_GPU_INDEX, Entry
+from gpu_scheduling.schedmap import GPU, Entry, gpu_kind, gpu_sort_key, parse_gpu
 
 InjectionMode = Literal["cuda", "nvidia"]
 INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia")
@@ -34,9 +34,13 @@ _MAX_DEVICE_TEXT = 4096
 def desired_env(entry: Entry, mode: InjectionMode) -> list[tuple[str, str]]:
     """The variables (in the order they are added) that make a container see ``entry``'s GPUs.
 
-    ``cuda``: CUDA_VISIBLE_DEVICES lists the physical (nvidia-smi) indices.
+    ``cuda``: CUDA_VISIBLE_DEVICES lists the physical (nvidia-smi) indices, or the UUIDs.
     ``nvidia``: NVIDIA_VISIBLE_DEVICES lists them for the NVIDIA container runtime,
     which exposes only those GPUs, so CUDA sees them renumbered 0..n-1.
+
+    Both variables take an index or a UUID (``GPU-...``), never a PCI bus ID: an entry
+    naming its GPUs by PCI bus ID is refused outside DRA mode (GPUNameNeedsDRA) before
+    this is asked.
     """
     order = (CUDA_DEVICE_ORDER, PCI_BUS_ID)
     if mode == "nvidia":
@@ -118,38 +122,41 @@ def describe_env(env: Mapping[str, str | None]) -> str:
     return ", ".join(parts) if parts else f"{CUDA_VISIBLE_DEVICES} unset"
 
 
-def parse_devices(text: str | None) -> tuple[int, ...] | None:
-    """A comma-separated list of GPU indices (``"0,2"``); None when it is not one."""
+def parse_devices(text: str | None) -> tuple[GPU, ...] | None:
+    """A comma-separated list of GPU indices or UUIDs (``"0,2"``, ``"GPU-8a3c...,GPU-..."``),
+    as the map reads them (UUIDs normalized); None when it is not one."""
     if text is None or not text.strip() or len(text) > _MAX_DEVICE_TEXT:
         return None
-    out: list[int] = []
+    out: list[GPU] = []
     for raw in text.split(","):
         token = raw.strip()
-        if not token.isascii() or not token.isdigit() or len(token) > 4:
+        if not token.isascii() or len(token) > (4 if token.isdigit() else 40):
             return None
-        value = int(token)
-        if value > MAX_GPU_INDEX:
+        value = parse_gpu(token)
+        if value is None or gpu_kind(value) == "pci":
             return None
         if value not in out:
             out.append(value)
     return tuple(out)
 
 
-def held_devices(spec: Mapping[str, Any] | None) -> tuple[int, ...]:
-    """The physical GPU indices a pod's containers are set up to use: the union over containers.
+def held_devices(spec: Mapping[str, Any] | None) -> tuple[GPU, ...]:
+    """The physical GPUs (indices or UUIDs) a pod's containers are set up to use: the union over
+    containers.
 
-    A container's physical indices are ``NVIDIA_VISIBLE_DEVICES`` when it is a
-    list of indices (``nvidia`` mode), else ``CUDA_VISIBLE_DEVICES``. Sorted.
+    A container's physical GPUs are ``NVIDIA_VISIBLE_DEVICES`` when it is a
+    list of indices or UUIDs (``nvidia`` mode), else ``CUDA_VISIBLE_DEVICES``. Sorted
+    (:func:`gpu_sort_key`).
     """
-    held: set[int] = set()
+    held: set[GPU] = set()
     for container in pod_containers(spec):
         env = plain_env(container)
         devices = parse_devices(env.get(NVIDIA_VISIBLE_DEVICES))
         if devices is None:
             devices = parse_devices(env.get(CUDA_VISIBLE_DEVICES))
         held.update(devices or ())
-    return tuple(sorted(held))
+    return tuple(sorted(held, key=gpu_sort_key))
 
 
-def format_devices(gpus: Iterable[int]) -> str:
+def format_devices(gpus: Iterable[GPU]) -> str:
     return ",".join(str(g) for g in gpus)

@@ -5,8 +5,24 @@ Grammar (one entry per line, or several separated by ``;``)::
     ORDINAL=NODE:GPU[,GPU...]      # comment to the end of the line
 
 * whitespace around every token is ignored, blank lines are ignored;
-* ORDINAL and GPU are non-negative decimal integers;
-* NODE is a Kubernetes node name (an RFC 1123 DNS subdomain).
+* ORDINAL is a non-negative decimal integer;
+* NODE is a Kubernetes node name (an RFC 1123 DNS subdomain); the entry is split
+  at the FIRST ``:`` after ``=`` (a node name has none, a PCI bus ID has two);
+* a GPU is named one of three ways (:func:`gpu_kind`):
+
+  - an *index*, a non-negative decimal integer (nvidia-smi's, PCI bus order),
+    kept as an ``int``: every map of the index-only grammar parses as before;
+  - a *UUID*, ``GPU-`` then 8-4-4-4-12 hex digits (NVIDIA's form, any case),
+    kept as ``GPU-<lower-case hex>``;
+  - a *PCI bus ID*, ``DOMAIN:BUS:DEVICE.FUNCTION`` with a 4- or 8-hex-digit
+    domain (NVML's ``00000000:3B:00.0``, sysfs's ``0000:3b:00.0``), 2 hex bus,
+    2 hex device, function 0-7, kept lower case with a 4-digit domain (an
+    8-digit domain whose first 4 digits are zero loses them);
+
+* duplicates compare those normalized names: a GPU twice in an entry, the same
+  NODE:GPU given to two ordinals;
+* a node's GPUs are named one way in the whole map (all indices, all UUIDs or
+  all PCI bus IDs): otherwise the same GPU could be given twice under two names.
 
 Every error names the line (1-based, counted in the annotation's text) and an
 excerpt of the offending text. The scheduler, the webhook, the check program
@@ -35,6 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Literal
 
 ANNOTATION = "gpu-scheduling-map"
 
@@ -43,6 +60,11 @@ _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _NODE_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _NODE_MAX = 253
 _INT_RE = re.compile(r"[0-9]+")
+_HEX = "[0-9a-fA-F]"
+_UUID_RE = re.compile(rf"[Gg][Pp][Uu]-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}")
+_PCI_RE = re.compile(rf"({_HEX}{{4}}|{_HEX}{{8}}):({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])")
+_UUID_LEN = 40  # "GPU-" + 36
+_PCI_MAX_LEN = 16  # "00000000:3b:00.0"
 # Upper bounds that keep a typo from becoming a huge number downstream.
 MAX_ORDINAL = 1_000_000
 MAX_GPU_INDEX = 1023
@@ -61,6 +83,49 @@ MAX_MESSAGE_CHARS = 300
 MAX_PROBLEM_CHARS = 400
 # So len(str(MapError)) <= MAX_ERROR_CHARS, whatever the map.
 MAX_ERROR_CHARS = MAX_PROBLEMS_LISTED * (MAX_PROBLEM_CHARS + 2) + 40
+
+
+# A GPU as the map names it: an index (int), a UUID or a PCI bus ID (normalized str).
+GPU = int | str
+GPUKind = Literal["index", "uuid", "pci"]
+# How a message names each kind.
+KIND_WORDS: dict[GPUKind, str] = {"index": "index", "uuid": "UUID", "pci": "PCI bus ID"}
+BAD_GPU = "is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or a PCI bus ID (0000:3b:00.0)"
+
+
+def gpu_kind(gpu: GPU) -> GPUKind:
+    """``"index"`` for an int, ``"uuid"`` for ``GPU-...``, else ``"pci"`` (a parsed, normalized name)."""
+    if isinstance(gpu, int):
+        return "index"
+    return "uuid" if gpu.startswith("GPU-") else "pci"
+
+
+def gpu_name(token: str) -> str | None:
+    """The normalized UUID or PCI bus ID ``token`` spells (no whitespace around), else None."""
+    if len(token) == _UUID_LEN and _UUID_RE.fullmatch(token):
+        return "GPU-" + token[4:].lower()
+    if len(token) <= _PCI_MAX_LEN and (m := _PCI_RE.fullmatch(token)):
+        domain = m.group(1).lower()
+        if len(domain) == 8 and domain.startswith("0000"):
+            domain = domain[4:]
+        return f"{domain}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
+    return None
+
+
+def parse_gpu(token: str) -> GPU | None:
+    """One GPU token as the map reads it (whitespace around ignored), or None when it names none."""
+    token = token.strip()
+    if _INT_RE.fullmatch(token):
+        digits = token.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_GPU_INDEX)) or int(digits) > MAX_GPU_INDEX:
+            return None
+        return int(digits)
+    return gpu_name(token)
+
+
+def gpu_sort_key(gpu: GPU) -> tuple[int, int, str]:
+    """Sorts GPUs of any kinds together: indices (ascending) first, then names."""
+    return (0, gpu, "") if isinstance(gpu, int) else (1, 0, gpu)
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -148,17 +213,31 @@ class _Problems:
 
 @dataclass(frozen=True)
 class Entry:
-    """Replica ``ordinal`` runs on ``node`` and sees GPUs ``gpus`` (in map order)."""
+    """Replica ``ordinal`` runs on ``node`` and sees GPUs ``gpus`` (in map order).
+
+    All of an entry's GPUs are of one kind (:func:`gpu_kind`): indices (``int``), UUIDs or
+    PCI bus IDs (normalized ``str``).
+    """
 
     ordinal: int
     node: str
-    gpus: tuple[int, ...]
+    gpus: tuple[GPU, ...]
     line: int = field(default=0, compare=False)
 
     @property
     def devices(self) -> str:
-        """The GPUs as CUDA_VISIBLE_DEVICES spells them: ``"0,1"``."""
+        """The GPUs as CUDA_VISIBLE_DEVICES spells them: ``"0,1"``, ``"GPU-8a3c...,GPU-..."``."""
         return ",".join(str(g) for g in self.gpus)
+
+    @property
+    def kind(self) -> GPUKind:
+        """How the entry names its GPUs: ``"index"``, ``"uuid"`` or ``"pci"``."""
+        return gpu_kind(self.gpus[0]) if self.gpus else "index"
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """The GPUs named by index (all of them, or none for an entry of names)."""
+        return tuple(g for g in self.gpus if isinstance(g, int))
 
     def __str__(self) -> str:
         return f"{self.ordinal}={self.node}:{self.devices}"
@@ -227,8 +306,9 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
             f"node name {_quoted(node)} is not a valid Kubernetes node name "
             "(lower-case letters, digits, '-' and '.', starting and ending alphanumeric)",
         )
-    gpus: list[int] = []
-    seen: set[int] = set()
+    gpus: list[GPU] = []
+    seen: set[GPU] = set()
+    kinds: dict[GPUKind, None] = {}
     tokens = gpus_s.split(",")
     if len(tokens) == 1 and not tokens[0].strip():
         problems.add(line, text, f"no GPU index given for node {_quoted(node)}")
@@ -238,17 +318,43 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
         if not token:
             problems.add(line, text, "empty GPU index (stray ',')")
             continue
-        gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
+        gpu: GPU | None
+        if _INT_RE.fullmatch(token):
+            gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
+        elif (gpu := gpu_name(token)) is None:
+            problems.add(line, text, f"GPU {_quoted(token)} {BAD_GPU}")
         if gpu is None:
             continue
         if gpu in seen:
             problems.add(line, text, f"GPU {gpu} is listed twice in this entry")
             continue
         seen.add(gpu)
+        kinds[gpu_kind(gpu)] = None
         gpus.append(gpu)
+    if len(kinds) > 1:
+        first, second = (KIND_WORDS[k] for k in list(kinds)[:2])
+        problems.add(
+            line,
+            text,
+            f"the GPUs of node {_quoted(node)} are named both by {first} and by {second} in this "
+            f"entry: {_ONE_WAY}",
+        )
     if problems.count != before or ordinal is None:
         return None
     return Entry(ordinal=ordinal, node=node, gpus=tuple(gpus), line=line)
+
+
+_ONE_WAY = (
+    "the same GPU could then be given twice; name all of a node's GPUs one way "
+    "(all indices, all UUIDs or all PCI bus IDs)"
+)
+
+
+def _named_otherwise(entry: Entry, first: Entry) -> str:
+    return (
+        f"node {_quoted(entry.node)} has its GPUs named by {KIND_WORDS[entry.kind]} here and by "
+        f"{KIND_WORDS[first.kind]} on line {first.line} ({excerpt(str(first))}): {_ONE_WAY}"
+    )
 
 
 def _already_mapped(ordinal: int, first: Entry) -> str:
@@ -269,7 +375,9 @@ def parse(text: str) -> SchedulingMap:
         )
     problems = _Problems()
     entries: dict[int, Entry] = {}
-    owners: dict[tuple[str, int], Entry] = {}
+    owners: dict[tuple[str, GPU], Entry] = {}
+    # The first entry of each node: how the map names that node's GPUs.
+    forms: dict[str, Entry] = {}
     # Lines are counted as editors and kubectl count them: on "\n" only.
     for lineno, raw in enumerate(text.split("\n"), start=1):
         content = raw.split("#", 1)[0]
@@ -283,6 +391,10 @@ def parse(text: str) -> SchedulingMap:
             if first is not None:
                 # Built only when listed: str(first) may name a thousand GPUs.
                 problems.add(lineno, chunk.strip(), partial(_already_mapped, entry.ordinal, first))
+                continue
+            form = forms.setdefault(entry.node, entry)
+            if form.kind != entry.kind:
+                problems.add(lineno, chunk.strip(), partial(_named_otherwise, entry, form))
                 continue
             clash = next(((entry.node, g) for g in entry.gpus if (entry.node, g) in owners), None)
             if clash is not None:

@@ -35,21 +35,26 @@ from typing import Any
 from gpu_scheduling.injection import held_devices
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.podinfo import entry_for
-from gpu_scheduling.schedmap import MapError
+from gpu_scheduling.schedmap import GPU, MapError, gpu_sort_key
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """GPUs ``gpus`` on ``node``, held by one pod (indices sorted, no duplicates)."""
+    """GPUs ``gpus`` on ``node``, held by one pod (sorted by :func:`gpu_sort_key`, no duplicates).
+
+    A GPU is an index or a UUID as the map and the injected variables name it: outside DRA
+    mode the scheduler cannot tell which index a UUID is, so a GPU named both ways by two
+    StatefulSets is two ledger entries (docs/injection.md).
+    """
 
     node: str
-    gpus: tuple[int, ...]
+    gpus: tuple[GPU, ...]
 
     @classmethod
-    def of(cls, node: str, gpus: Iterable[int]) -> Claim:
-        return cls(node, tuple(sorted(set(gpus))))
+    def of(cls, node: str, gpus: Iterable[GPU]) -> Claim:
+        return cls(node, tuple(sorted(set(gpus), key=gpu_sort_key)))
 
     def __str__(self) -> str:
         return f"{self.node}:{','.join(str(g) for g in self.gpus)}"
@@ -91,15 +96,15 @@ class Ledger:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._gpus: dict[tuple[str, int], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
+        self._gpus: dict[tuple[str, GPU], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
         self._pods: dict[str, tuple[str, Claim]] = {}  # uid -> ("ns/name", claim)
         self._reserved: dict[str, Claim] = {}  # uid -> claim written, not yet seen on the watch
 
     # -- reads ------------------------------------------------------------------
 
     def holders(
-        self, node: str, gpus: Iterable[int], exclude_uid: str | None = None
-    ) -> list[tuple[int, str]]:
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+    ) -> list[tuple[GPU, str]]:
         """``(gpu, "ns/name")`` for each of ``gpus`` on ``node`` held by a pod other than ``exclude_uid``."""
         out = []
         with self._lock:
@@ -117,7 +122,13 @@ class Ledger:
     def snapshot(self) -> dict[str, list[str]]:
         """``{"node:gpu": ["ns/name", ...]}``, for logs and tests."""
         with self._lock:
-            return {f"{n}:{g}": sorted(h.values()) for (n, g), h in sorted(self._gpus.items()) if h}
+            return {
+                f"{n}:{g}": sorted(h.values())
+                for (n, g), h in sorted(
+                    self._gpus.items(), key=lambda item: (item[0][0], gpu_sort_key(item[0][1]))
+                )
+                if h
+            }
 
     def __len__(self) -> int:
         with self._lock:
@@ -147,7 +158,7 @@ class Ledger:
 
     # -- the scheduler's own writes -------------------------------------------------
 
-    def reserve(self, pod: Mapping[str, Any], claim: Claim) -> list[tuple[int, str]]:
+    def reserve(self, pod: Mapping[str, Any], claim: Claim) -> list[tuple[GPU, str]]:
         """Atomically check that no other pod holds ``claim`` and take it.
 
         Returns the conflicts (and takes nothing) when another pod holds any of the GPUs.

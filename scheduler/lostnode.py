@@ -29,6 +29,7 @@ from typing import Any
 
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.rules import GPU_IN_USE, TERMINATING_ON_NOT_READY_NODE, Decision, Finding, ready_condition
+from gpu_scheduling.schedmap import GPU
 from scheduler.binding import truncate_message
 from scheduler.events import EventRecorder
 from scheduler.ledger import claim_of
@@ -94,7 +95,7 @@ class LostNodeReports:
         self,
         pod: Mapping[str, Any],
         decision: Decision,
-        holders: Callable[[str, Iterable[int], str | None], list[tuple[int, str]]],
+        holders: Callable[[str, Iterable[GPU], str | None], list[tuple[GPU, str]]],
         pod_of: Callable[[str], Mapping[str, Any] | None],
         node: Mapping[str, Any] | None,
     ) -> Decision:

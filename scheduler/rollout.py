@@ -42,7 +42,7 @@ from gpu_scheduling.kube.errors import ApiError, api_status, error_message
 from gpu_scheduling.objects import Pod
 from gpu_scheduling.podinfo import ordinal_of
 from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding, gpus_in_use
-from gpu_scheduling.schedmap import ANNOTATION, MapError, parse_cached
+from gpu_scheduling.schedmap import ANNOTATION, GPU, MapError, parse_cached
 from scheduler.binding import PodWriter
 from scheduler.events import EventRecorder
 
@@ -69,7 +69,7 @@ class RolloutEvictions:
         writer: PodWriter,
         events: EventRecorder,
         pod_of: Callable[[str], Mapping[str, Any] | None],
-        holders: Callable[[str, Iterable[int], str | None], list[tuple[int, str]]],
+        holders: Callable[[str, Iterable[GPU], str | None], list[tuple[GPU, str]]],
         evict_other_workloads: bool = False,
     ) -> None:
         self._writer = writer
@@ -115,7 +115,7 @@ class RolloutEvictions:
         pod: Mapping[str, Any],
         holder: Mapping[str, Any] | None,
         node: str,
-        gpu: int,
+        gpu: GPU,
         key: str,
         statefulset: Callable[[Mapping[str, Any]], Mapping[str, Any]],
     ) -> str:
@@ -174,7 +174,7 @@ class RolloutEvictions:
         sts: Mapping[str, Any],
         holder: Mapping[str, Any],
         node: str,
-        gpu: int,
+        gpu: GPU,
         key: str,
     ) -> str:
         """What happens to ``holder``, a replica of the waiting pod's own StatefulSet ``sts``."""
@@ -190,7 +190,7 @@ class RolloutEvictions:
         )
 
     def _stays(
-        self, sts: Mapping[str, Any], holder: Mapping[str, Any], node: str, gpu: int, key: str
+        self, sts: Mapping[str, Any], holder: Mapping[str, Any], node: str, gpu: GPU, key: str
     ) -> str | None:
         """Why ``holder``, a replica of ``sts``, may not be evicted now (None: it may)."""
         name = str((sts.get("metadata") or {}).get("name"))
@@ -221,7 +221,7 @@ class RolloutEvictions:
         return None
 
     @staticmethod
-    def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: int) -> bool:
+    def _keeps(sts: Mapping[str, Any], ordinal: int | None, node: str, gpu: GPU) -> bool:
         text = (
             (((sts.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
         ).get(ANNOTATION)

@@ -14,8 +14,15 @@ from typing import Any
 
 from gpu_scheduling.injection import desired_env
 from gpu_scheduling.podinfo import map_text
-from gpu_scheduling.rules import INVALID_MAP, Finding, node_name_on_pod, other_scheduler, resolve
-from gpu_scheduling.schedmap import ANNOTATION, excerpt
+from gpu_scheduling.rules import (
+    INVALID_MAP,
+    Finding,
+    node_name_on_pod,
+    other_scheduler,
+    pci_needs_dra,
+    resolve,
+)
+from gpu_scheduling.schedmap import ANNOTATION, excerpt, parse_cached
 from webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from webhook.settings import Settings
@@ -83,7 +90,8 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
     if req.operation != "CREATE" or req.sub_resource:
         log.debug("not a pod CREATE, allowed unchanged", extra={**ctx, "operation": req.operation})
         return Verdict(allowed=True)
-    if map_text({"annotations": annotations}) is None:
+    text = map_text({"annotations": annotations})
+    if text is None:
         log.debug("no %s annotation, allowed unchanged", ANNOTATION, extra=ctx)
         return Verdict(allowed=True)
     spec = dict_at(obj, "spec", "spec", req.uid)
@@ -109,6 +117,12 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
     if decision.reason == INVALID_MAP:
         log.info("denied: malformed map", extra={**ctx, "error": decision.message, "reasons": [INVALID_MAP]})
         return Verdict.deny(400, decision.message)
+
+    # A map that names a GPU by PCI bus ID: no variable can give it (outside DRA mode).
+    needs_dra = pci_needs_dra(parse_cached(text).values())
+    if needs_dra:
+        log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
+        return Verdict.deny(400, needs_dra[0].message)
 
     denial, findings = gpu_resource_policy(
         spec, "spec", req.uid, settings.gpu_resource_policy, "this pod", log, ctx

@@ -22,6 +22,7 @@ from gpu_scheduling.rules import (
     invalid_map,
     map_node_findings,
     map_not_on_template,
+    pci_needs_dra,
     pod_template_findings,
     replica_findings,
 )
@@ -105,6 +106,11 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
         invalid = invalid_map(exc, "spec.template.metadata.annotations")
         log.info("denied: malformed map", extra={**ctx, "error": str(exc), "reasons": [invalid.reason]})
         return Verdict.deny(400, invalid.message)
+
+    needs_dra = pci_needs_dra(smap.values())
+    if needs_dra:
+        log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
+        return Verdict.deny(400, needs_dra[0].message)
 
     pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
     denial, findings = gpu_resource_policy(

@@ -9,7 +9,7 @@ from gpu_scheduling.check.results import Result
 from gpu_scheduling.check.settings import DRA_MODE, MODES, Settings
 from gpu_scheduling.injection import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, PCI_BUS_ID, desired_env
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, ordinal_of
-from gpu_scheduling.schedmap import Entry, MapError, SchedulingMap, parse
+from gpu_scheduling.schedmap import Entry, MapError, SchedulingMap, gpu_name, parse
 
 
 def expected_env(entry: Entry, mode: str) -> dict[str, str]:
@@ -143,10 +143,25 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
                 {"why": why},
             )
         )
-    if settings.injection_mode == "cuda":
+    if entry.kind == "uuid":
+        # The map names the GPUs by UUID: each must be among those NVML sees (all of the node's in
+        # cuda mode, only the isolated ones in nvidia mode), compared in the map's normal form.
+        seen = {gpu_name(d.uuid) or d.uuid: d for d in report.devices}
+        missing_uuids = [g for g in entry.gpus if g not in seen]
+        results.append(
+            Result(
+                "nvml:uuids",
+                list(entry.gpus),
+                {"count": report.count, "missing": missing_uuids},
+                not missing_uuids,
+                pod,
+                {"devices": [seen[g].to_json() for g in entry.gpus if g in seen]},
+            )
+        )
+    elif settings.injection_mode == "cuda":
         # CUDA_VISIBLE_DEVICES holds physical indices: each must exist among NVML's GPUs.
-        missing = [g for g in entry.gpus if g >= report.count]
-        devices = [d.to_json() for g in entry.gpus if (d := report.by_index(g)) is not None]
+        missing = [g for g in entry.indices if g >= report.count]
+        devices = [d.to_json() for g in entry.indices if (d := report.by_index(g)) is not None]
         results.append(
             Result(
                 "nvml:indices",

@@ -97,6 +97,7 @@ from gpu_scheduling.rules.framework import (
 )
 from gpu_scheduling.rules.gpus import (
     GPU_IN_USE,
+    GPU_NAME_NEEDS_DRA,
     GPU_OUT_OF_RANGE,
     NO_GPU_RESOURCE,
     Holders,
@@ -104,6 +105,7 @@ from gpu_scheduling.rules.gpus import (
     gpu_count,
     gpu_index_findings,
     gpus_in_use,
+    pci_needs_dra,
 )
 from gpu_scheduling.rules.node import (
     BLOCKING_EFFECTS,
@@ -143,6 +145,7 @@ __all__ = [
     "FOLDED_MAP",
     "FRONT_ENDS",
     "GPU_IN_USE",
+    "GPU_NAME_NEEDS_DRA",
     "GPU_OUT_OF_RANGE",
     "GPU_RESOURCE_REQUESTED",
     "HOST_PORT_CONFLICT",
@@ -219,6 +222,7 @@ __all__ = [
     "node_signature",
     "node_state_findings",
     "other_scheduler",
+    "pci_needs_dra",
     "pod_entry",
     "pod_template_findings",
     "ranges",

@@ -17,7 +17,7 @@ from gpu_scheduling.resources import gpu_requesting_containers
 from gpu_scheduling.rules.findings import gpu_resource_requested
 from gpu_scheduling.rules.fit import NodeUse, check_fit
 from gpu_scheduling.rules.framework import Finding
-from gpu_scheduling.rules.gpus import Holders, check_gpus, gpu_count, gpu_index_findings
+from gpu_scheduling.rules.gpus import Holders, check_gpus, gpu_count, gpu_index_findings, pci_needs_dra
 from gpu_scheduling.rules.node import BLOCKING_EFFECTS, node_state_findings, ready_condition
 from gpu_scheduling.rules.pod import check_injected, pod_entry
 from gpu_scheduling.schedmap import Entry
@@ -88,6 +88,7 @@ def evaluate(
     ledger: Holders,
     require_injection: bool = True,
     usage: NodeUse | None = None,
+    dra: bool = False,
 ) -> Decision:
     """All the checks, in order; the first refusal names the reason, the message lists them all.
 
@@ -95,12 +96,17 @@ def evaluate(
     of what the pods on each node take, is given: the scheduler passes it.
 
     A pod that lacks its injection is refused with that reason alone: nothing
-    about the node can make it bindable, since its containers cannot change.
+    about the node can make it bindable, since its containers cannot change. So is
+    a pod whose entry names its GPUs by PCI bus ID outside DRA mode (``dra``): no
+    variable can give it those GPUs.
     """
     decision = resolve(pod)
     if decision.entry is None:
         return decision
     entry = decision.entry
+    needs_dra = pci_needs_dra([entry], dra)
+    if needs_dra:
+        return Decision(decision.ordinal, entry, tuple(needs_dra))
     if require_injection:
         not_injected = check_injected(pod, entry)
         if not_injected:

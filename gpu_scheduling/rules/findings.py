@@ -258,10 +258,18 @@ def map_node_findings(node: str, entries: Sequence[Entry], exists: bool, gpus: i
         ]
     findings: list[Finding] = []
     for entry in entries:
-        too_high = [g for g in entry.gpus if g >= gpus]
+        have = f"node {node!r} has {gpus} allocatable {GPU_RESOURCE}"
+        if entry.kind == "uuid" and len(entry.gpus) > gpus:
+            findings.append(
+                Finding(
+                    GPU_OUT_OF_RANGE,
+                    f"{ANNOTATION} line {entry.line}: ordinal {entry.ordinal} names "
+                    f"{len(entry.gpus)} GPUs by UUID but {have}",
+                )
+            )
+        too_high = [g for g in entry.indices if g >= gpus]
         if not too_high:
             continue
-        have = f"node {node!r} has {gpus} allocatable {GPU_RESOURCE}"
         have += f" (indices 0..{gpus - 1})" if gpus else ""
         findings.append(
             Finding(

@@ -619,3 +619,22 @@ def test_a_uuid_that_changes_is_reported_and_never_given_twice(dra_env: Dra) -> 
         what="w-0 placed on the GPU with the new UUID",
     )
     no_device_twice(env)
+
+
+def test_gpus_named_by_uuid_and_pci_bus_id_get_exactly_those_devices(dra_env: Dra) -> None:
+    """The map's other two forms, written as nvidia-smi prints them (upper case, NVML's 8-digit
+    domain) on two lines of one `;`-separated line: each replica's claim gets exactly those GPUs."""
+    env = dra_env
+    a, b = env.nodes["a"], env.nodes["b"]
+    devs_a, devs_b = env.devices("a"), env.devices("b")
+    by_uuid = [devs_a[2], devs_a[0]]
+    by_pci = devs_b[1]
+    domain, rest = by_pci.pci_bus_id.split(":", 1)
+    nvml_pci = f"0000{domain}:{rest}".upper()
+    smap = f"0={a}:{by_uuid[0].uuid.upper()}, {by_uuid[1].uuid}; 1 = {b} : {nvml_pci}\n"
+    env.cluster.apply(env.statefulset("named", smap, 2))
+    for i in range(2):
+        wait_for(lambda i=i: env.placed(f"named-{i}"), 90, what=f"named-{i} placed with its claim allocated")
+    assert [x.device for x in dra.allocation(env.claim("named-0-gpus") or {})] == [d.name for d in by_uuid]
+    assert [x.device for x in dra.allocation(env.claim("named-1-gpus") or {})] == [by_pci.name]
+    assert (env.pod("named-1") or {})["spec"]["nodeName"] == b

@@ -51,10 +51,11 @@ from gpu_scheduling.injection import (
     plain_env,
 )
 from gpu_scheduling.podinfo import POD_INDEX_LABEL
-from gpu_scheduling.schedmap import ANNOTATION, MapError, parse
+from gpu_scheduling.rules import pci_needs_dra
+from gpu_scheduling.schedmap import ANNOTATION, MapError, excerpt, parse
 from localcluster.cluster import Cluster
 from localcluster.rbac import render_chart
-from tests.support.mapcorpus import corpus, large_map
+from tests.support.mapcorpus import corpus, large_map, large_uuid
 
 pytestmark = pytest.mark.cluster
 
@@ -67,6 +68,8 @@ POLICY_KINDS = (
     "ValidatingAdmissionPolicyBinding",
 )
 GPU_VARIABLES = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)
+UUID = "GPU-8a3c0d4e-1234-5678-9abc-def012345678"
+UUID2 = "GPU-8a3c0d4e-1234-5678-9abc-def012345679"
 # The apiserver's limit on all of an object's annotations together, keys included.
 ANNOTATIONS_LIMIT = 256 * 1024
 GENERATED_MAPS = 10_000
@@ -176,10 +179,13 @@ def gpu_env(container: dict[str, Any]) -> dict[str, str | None]:
 
 
 def expected_gpu_env(text: str, ordinal: str, mode: InjectionMode) -> dict[str, str] | None:
-    """The variables every container must carry; None when the parser refuses the map."""
+    """The variables every container must carry; None when the map is refused: the parser refuses
+    it, or it names a GPU by PCI bus ID (GPUNameNeedsDRA: these releases do not run DRA mode)."""
     try:
         smap = parse(text)
     except MapError:
+        return None
+    if pci_needs_dra(smap.values()):
         return None
     entry = smap.get(int(ordinal))
     return dict(desired_env(entry, mode)) if entry is not None else {}
@@ -375,13 +381,22 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
     wrong = []
     for text, answer in zip(texts, answers, strict=True):
         try:
-            parse(text)
+            smap = parse(text)
         except MapError as err:
             first = err.problems[0]
             if answer.allowed:
                 wrong.append(f"{text!r}: refused by the parser ({err}) but admitted")
             elif first.line and f"line {first.line}: " not in answer.message and err.count == 1:
                 wrong.append(f"{text!r}: the parser says {err}; the policy: {answer.message}")
+            continue
+        needs_dra = pci_needs_dra(smap.values())
+        if needs_dra:
+            if answer.allowed:
+                wrong.append(f"{text!r}: names a GPU by PCI bus ID ({needs_dra[0].message}) but admitted")
+            elif needs_dra[0].message not in answer.message:
+                wrong.append(
+                    f"{text!r}: the webhook says {needs_dra[0].message}; the policy: {answer.message}"
+                )
             continue
         if not answer.allowed:
             wrong.append(f"{text!r}: accepted by the parser but refused: {answer.message}")
@@ -391,7 +406,46 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("0=node1:x\n", "line 1: GPU index 'x' is not a non-negative integer (in '0=node1:x')"),
+        (
+            "0=node1:x\n",
+            "line 1: GPU 'x' is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+            "or a PCI bus ID (0000:3b:00.0) (in '0=node1:x')",
+        ),
+        (
+            "0=node1:0\n1=node2:GPU-12\n",
+            "line 2: GPU 'GPU-12' is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+            "or a PCI bus ID (0000:3b:00.0) (in '1=node2:GPU-12')",
+        ),
+        (
+            "0=node1:0000:3b:00.8\n",
+            "line 1: GPU '0000:3b:00.8' is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+            "or a PCI bus ID (0000:3b:00.0) (in '0=node1:0000:3b:00.8')",
+        ),
+        (
+            "0=node1:\u0663\n",
+            "line 1: GPU '\u0663' is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+            "or a PCI bus ID (0000:3b:00.0) (in '0=node1:\u0663')",
+        ),
+        (
+            f"0=node1:0,{UUID}\n",
+            "line 1: the GPUs of node 'node1' are named both by index and by UUID in this entry: the same "
+            "GPU could then be given twice; name all of a node's GPUs one way (all indices, all UUIDs or "
+            f"all PCI bus IDs) (in '{excerpt(f'0=node1:0,{UUID}')}')",
+        ),
+        (
+            f"0=node1:0\n1=node2:1\n2 = node1 : {UUID.upper()}\n3=node1:1\n",
+            "line 3: node 'node1' has its GPUs named by UUID here and by index on line 1 (0=node1:0): "
+            "the same GPU could then be given twice; name all of a node's GPUs one way (all indices, "
+            "all UUIDs or all PCI bus IDs)",
+        ),
+        (
+            f"0=node1:{UUID}\n1=node2:0000:3b:00.0\n2=node2:00000000:3B:00.0\n",
+            "line 3: node2:0000:3b:00.0 is already given to ordinal 1 on line 2 (in '2=node2:00000000:3B:00.0')",
+        ),
+        (
+            f"0=node1:{UUID},{UUID.upper()}\n",
+            f"line 1: GPU {UUID} is listed twice in this entry",
+        ),
         (
             "0=node1:0\n1 node2:1\n",
             "line 2: expected ORDINAL=NODE:GPU[,GPU...], found no '=' (in '1 node2:1')",
@@ -425,6 +479,44 @@ def test_the_refusal_names_the_line_and_the_problem(apiserver: Apiserver, text: 
         assert message in answer.message, answer.message
 
 
+def test_gpus_named_by_uuid_are_injected_as_the_map_names_them(apiserver: Apiserver) -> None:
+    # The second entry of its line (the policy reads the GPUs after the entry's own first ':'),
+    # in upper and mixed case: the variables carry the map's normal form.
+    text = f"0=node1:1;1 = node2 : {UUID.upper()} , gPu-{UUID2[4:].upper()} # 2=node3:0\n"
+    for mode, scheduler in SCHEDULERS.items():
+        sent = pod(text, "1", scheduler, init=True)
+        answer = apiserver.create(sent)
+        assert not disagreement(text, "1", mode, answer, sent), answer.message
+        env = gpu_env(containers(answer.obj)[0])
+        assert env[NVIDIA_VISIBLE_DEVICES if mode == "nvidia" else CUDA_VISIBLE_DEVICES] == f"{UUID},{UUID2}"
+        assert env[CUDA_VISIBLE_DEVICES] == ("0,1" if mode == "nvidia" else f"{UUID},{UUID2}")
+
+
+def test_an_index_as_long_as_a_uuid_is_an_index(apiserver: Apiserver) -> None:
+    # 40 characters, like a UUID: the policies tell them apart as the parser does.
+    text = f"0=node1:{'0' * 39}1\n1=node2:{UUID}\n"
+    assert parse(text)[0].gpus == (1,)
+    for mode, scheduler in SCHEDULERS.items():
+        sent = pod(text, "0", scheduler)
+        answer = apiserver.create(sent)
+        assert not disagreement(text, "0", mode, answer, sent), answer.message
+    assert apiserver.create(statefulset(text)).allowed
+
+
+def test_a_gpu_named_by_pci_bus_id_is_refused_outside_dra_mode(apiserver: Apiserver) -> None:
+    text = "0=node1:0\n1=node2:00000000:3B:00.0, 0000:3c:00.0\n2=node3:0000:af:00.0\n"
+    message = (
+        "gpu-scheduling-map line 2: replica 1 is mapped to node2:0000:3b:00.0,0000:3c:00.0 (and 1 more "
+        "entry): PCI bus IDs name GPUs only in DRA mode (chart value dra.enabled=true), because "
+        "CUDA_VISIBLE_DEVICES cannot take one; name the GPU by index or UUID"
+    )
+    assert [f.message for f in pci_needs_dra(parse(text).values())] == [message], "the webhook's words"
+    for obj in (statefulset(text), pod(text, "0"), pod(text, "1")):
+        answer = apiserver.create(obj)
+        assert not answer.allowed
+        assert message in answer.message, answer.message
+
+
 # -- the maximum size ------------------------------------------------------------------------------
 
 
@@ -442,6 +534,9 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
         "3 entries": "".join(largest.splitlines(keepends=True)[:3]),
         "3,000 entries": "".join(largest.splitlines(keepends=True)[:3000]),
         "256 KiB": largest,
+        # Every third node named by UUID: the longer names' pattern, and the sort that checks
+        # each node is named one way.
+        "256 KiB, by index and UUID": large_map(limit, named=True),
     }
     smap = parse(largest)
     print()
@@ -467,9 +562,18 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
 def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver) -> None:
     """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits."""
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
-    text = large_map(limit - 40)
+    text = large_map(limit - 80)
+    named = large_map(limit - 80, named=True)
     lines = text.count("\n")
     for broken, problem in (
+        # The same UUID given twice, spelt in upper case the second time.
+        (named + f"999999=gpu-node-3.example.com:{large_uuid(3, 0).upper()}\n", "insert failed: key"),
+        (named + "9=x:1,\n", f"line {named.count(chr(10)) + 1}: empty GPU index"),
+        # A PCI bus ID outside DRA mode.
+        (
+            named + "999999=gpu-node-pci.example.com:0000:3b:00.0\n",
+            "gpu-scheduling-map names a GPU by PCI bus ID",
+        ),
         # Past 400 entries duplicates are found by a map insertion, which names the key only.
         (text + "0=node1:0\n", "insert failed: key 0 already exists"),
         (
@@ -485,6 +589,30 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
             answer = apiserver.create(obj)
             assert not answer.allowed
             assert problem in answer.message, answer.message[:500]
+    # The documented trade-off: a node named two ways is found by sorting, which costs n^2, so
+    # past 400 runs of entries the policy does not look (the scheduler and the webhook refuse it).
+    for mixed in (
+        named + "999999=gpu-node-0.example.com:7\n",
+        text + f"999999=gpu-node-0.example.com:{large_uuid(0, 9)}\n",
+    ):
+        with pytest.raises(MapError, match="has its GPUs named by"):
+            parse(mixed)
+        assert apiserver.create(statefulset(mixed)).allowed
+
+
+def test_a_node_named_two_ways_is_found_up_to_400_runs_of_entries(apiserver: Apiserver) -> None:
+    """Entries on 399 nodes (names of 200 characters, every third by UUID), then one more on the
+    last node by UUID where it was named by index: 400 runs, refused."""
+    long = "." + "a" * 200
+    lines = [f"{o}=gpu-node-{o}{long}:{large_uuid(o, 0) if o % 3 == 0 else 0}\n" for o in range(399)]
+    text = "".join(lines) + f"399=gpu-node-398{long}:{large_uuid(398, 1)}\n"
+    with pytest.raises(MapError, match=r"line 400: node 'gpu-node-398\.aaa"):
+        parse(text)
+    for obj in (pod(text, "0"), statefulset(text)):
+        answer = apiserver.create(obj)
+        assert not answer.allowed
+        # Past 32 KiB the policy's own message, without the line.
+        assert "gpu-scheduling-map is malformed" in answer.message, answer.message[:300]
 
 
 # -- pods of the StatefulSet controller ------------------------------------------------------------

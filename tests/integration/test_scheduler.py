@@ -351,3 +351,31 @@ def test_event_series_updates_are_accepted_by_the_apiserver(
     ]
     assert event["series"]["count"] == 3
     assert event["note"] == "NodeNotFound: node 'nowhere' does not exist"
+
+
+U = [f"GPU-8a3c0d4e-1234-5678-9abc-{i:012x}" for i in range(5)]
+
+
+def test_gpus_named_by_uuid_bind_and_pci_bus_ids_wait_outside_dra_mode(
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
+) -> None:
+    by_uuid, by_pci, small = own_node("uuid", gpus=2), own_node("pci", gpus=4), own_node("small", gpus=2)
+    start_scheduler(**SLOW_RETRY)
+    smap = (
+        f"0={by_uuid}:{U[1].upper()}, {U[0]}\n1={by_pci}:00000000:3B:00.0\n2={small}:{U[2]},{U[3]},{U[4]}\n"
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("n", smap, 3)))
+    # Bound with its GPUs as the map normalizes them (the event names them; the ledger holds them).
+    pod = wait_for(lambda: _running_on(kube, namespace, "n-0"), 60, what="n-0 bound (GPUs by UUID)")
+    assert (
+        wait_for(lambda: _assigned(kube, namespace, pod["metadata"]["name"]), 10)
+        == f"{by_uuid}:{U[1]},{U[0]}"
+    )
+    # A PCI bus ID cannot be injected: the replica waits, and the event says why and what to do.
+    ev = _assert_pending_because(
+        kube, namespace, "n-1", "GPUNameNeedsDRA", "line 2", f"{by_pci}:0000:3b:00.0"
+    )
+    assert "dra.enabled=true" in ev["message"] and "name the GPU by index or UUID" in ev["message"]
+    # UUIDs are counted against nvidia.com/gpu (which UUID is which GPU only the node knows).
+    ev = _assert_pending_because(kube, namespace, "n-2", "GPUIndexOutOfRange", "3 GPUs named by UUID", small)
+    assert "allocatable=2" in ev["message"]

@@ -6,15 +6,19 @@ every form the grammar allows, and near misses it refuses.
 * valid maps of 1-40 entries, each written differently: whitespace around every token (spaces,
   tabs, and what else ``str.isspace()`` accepts: NBSP, EM SPACE, ``\\v``, ``\\f``, ``\\x1c``...),
   ``;``-separated entries, ``#`` comments holding ``;``, ``=`` and entries, blank lines, CRLF,
-  leading zeros, entries in any order;
+  leading zeros, entries in any order; each node's GPUs named one way: by index (most), by
+  UUID (``GPU-...`` in any case) or by PCI bus ID (any case, 4- or 8-digit domain);
 * the same maps with one mistake: a duplicate ordinal, a GPU listed twice, a GPU given to two
   ordinals, a huge ordinal or GPU index, non-ASCII digits, an invalid node name, a missing
   ``=`` or ``:``, a stray ``,``, a character that is not whitespace to the parser (ZERO WIDTH
-  SPACE), no entry at all;
+  SPACE), no entry at all, a UUID or PCI bus ID that is not one (bad hex, wrong group lengths,
+  function 8, a 3- or 5-digit domain), a node named two ways (in one entry, or on two lines),
+  the same UUID or PCI bus ID twice once normalized (in one entry, or for two ordinals);
 * random strings over the grammar's alphabet (most refused, some accepted).
 
 :func:`large_map` writes a valid map of about ``size`` bytes (up to the 256 KiB the apiserver
-allows for all of an object's annotations).
+allows for all of an object's annotations), with every third node's GPUs named by UUID when
+``named``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from gpu_scheduling.schedmap import MAX_GPU_INDEX, MAX_ORDINAL
+from gpu_scheduling.schedmap import GPU, MAX_GPU_INDEX, MAX_ORDINAL
 
 PLAIN_SPACE = (" ", "\t", "  ", " \t")
 # Whitespace to str.isspace() besides the plain ones ("\r" ends CRLF lines).
@@ -48,29 +52,64 @@ def _num(r: random.Random, n: int) -> str:
     return ("0" * r.randint(1, 3) if r.random() < 0.15 else "") + str(n)
 
 
-def _entries(r: random.Random, count: int) -> list[tuple[int, str, list[int]]]:
+def uuid(r: random.Random) -> str:
+    """A GPU UUID in the map's normal form."""
+    h = f"{r.getrandbits(128):032x}"
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def pci(r: random.Random) -> str:
+    """A PCI bus ID in the map's normal form (a domain of 8 digits only past 0xffff)."""
+    domain = r.choice(("0000", "0000", "0001", f"{r.randrange(0x10000, 1 << 32):08x}"))
+    return f"{domain}:{r.randrange(256):02x}:{r.randrange(32):02x}.{r.randrange(8)}"
+
+
+def _pool(r: random.Random, size: int) -> list[GPU]:
+    """A node's GPUs, all named one way."""
+    roll = r.random()
+    if roll < 0.7:
+        return list(r.sample(range(0, 16 if r.random() < 0.9 else MAX_GPU_INDEX + 1), size))
+    return [uuid(r) if roll < 0.94 else pci(r) for _ in range(size)]
+
+
+def _spell(r: random.Random, gpu: GPU) -> str:
+    """``gpu`` as a user may write it: an index perhaps with leading zeros, a name in any case,
+    a PCI bus ID's 4-digit domain perhaps as NVML's 8 digits."""
+    if isinstance(gpu, int):
+        return _num(r, gpu)
+    if ":" in gpu and gpu.index(":") == 4 and r.random() < 0.4:
+        gpu = "0000" + gpu
+    roll = r.random()
+    if roll < 0.4:
+        return gpu
+    if roll < 0.7:
+        return gpu.upper()
+    return "".join(c.upper() if r.random() < 0.5 else c.lower() for c in gpu)
+
+
+def _entries(r: random.Random, count: int) -> list[tuple[int, str, list[GPU]]]:
     ordinals = r.sample(range(0, 40 if r.random() < 0.8 else MAX_ORDINAL + 1), count)
-    free: dict[str, list[int]] = {}
+    free: dict[str, list[GPU]] = {}
     out = []
     for o in ordinals:
         node = r.choice(NODES)
-        pool = free.setdefault(node, r.sample(range(0, 16 if r.random() < 0.9 else MAX_GPU_INDEX + 1), 16))
+        pool = free.setdefault(node, _pool(r, 16))
         if not pool:
             node = f"n{o}"
-            pool = free.setdefault(node, list(range(8)))
+            pool = free.setdefault(node, _pool(r, 8))
         take = min(len(pool), r.randint(1, 4))
         gpus, free[node] = pool[:take], pool[take:]
         out.append((o, node, gpus))
     return out
 
 
-def _render(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic: bool) -> str:
+def _render(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: bool) -> str:
     def sp() -> str:
         return _space(r, exotic)
 
     chunks = [
         f"{sp()}{_num(r, o)}{sp()}={sp()}{node}{sp()}:{sp()}"
-        + ",".join(f"{sp()}{_num(r, g)}{sp()}" for g in gpus)
+        + ",".join(f"{sp()}{_spell(r, g)}{sp()}" for g in gpus)
         + sp()
         for o, node, gpus in entries
     ]
@@ -90,11 +129,58 @@ def _render(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic:
     return newline.join(lines) + (newline if r.random() < 0.7 else "")
 
 
-def _break(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic: bool) -> str:
+BAD_NAMES = (
+    "GPU-12",
+    "GPU-8a3c0d4e-1234-5678-9abc-def01234567",  # a group too short
+    "GPU-8a3c0d4e-1234-5678-9abc-def0123456789",  # too long
+    "GPU-8a3c0d4-e1234-5678-9abc-def012345678",  # groups of the wrong lengths
+    "GPU-8a3c0d4g-1234-5678-9abc-def012345678",  # not hex
+    "GPU8a3c0d4e-1234-5678-9abc-def012345678",
+    "MIG-8a3c0d4e-1234-5678-9abc-def012345678",
+    "8a3c0d4e-1234-5678-9abc-def012345678",
+    "0000:3b:00.8",  # function 0-7
+    "000:3b:00.0",
+    "00000:3b:00.0",
+    "000000000:3b:00.0",
+    "0000:3b:0.0",
+    "0000:3bb:00.0",
+    "0000:3g:00.0",
+    "0000:3b:00",
+    "3b:00.0",
+    "0000:3b:00.0.0",
+    "0000:3b:00:0",
+    "a.b",
+    "x",
+)
+
+
+def _other_kind(r: random.Random, gpu: GPU) -> GPU:
+    """A GPU named another way than ``gpu``."""
+    if isinstance(gpu, int):
+        return uuid(r) if r.random() < 0.5 else pci(r)
+    return r.randrange(8) if r.random() < 0.5 else (pci(r) if gpu.startswith("GPU-") else uuid(r))
+
+
+def _break(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: bool) -> str:
     """A rendering of ``entries`` with one mistake the parser refuses."""
     entries = [(o, n, list(g)) for o, n, g in entries]
     o, node, gpus = entries[0]
-    kind = r.randrange(14)
+    kind = r.randrange(19)
+    if kind >= 14:
+        # The GPU names: a token that names none, a node named two ways, a name twice.
+        if kind == 14:
+            entries[0] = (o, node, [*gpus[:-1], r.choice(BAD_NAMES)])  # type: ignore[list-item]
+        elif kind == 15:  # two ways in one entry
+            entries[0] = (o, node, [*gpus, _other_kind(r, gpus[0])])
+        elif kind == 16:  # two ways on one node
+            entries.append((max(e[0] for e in entries) + 1, node, [_other_kind(r, gpus[0])]))
+        elif kind == 17:  # one GPU twice in an entry (the same name, perhaps spelt otherwise)
+            entries[0] = (o, node, [*gpus, gpus[0]])
+        else:  # one GPU for two ordinals
+            entries.append((max(e[0] for e in entries) + 1, node, [gpus[0]]))
+        if r.random() < 0.5:
+            r.shuffle(entries)
+        return _render(r, entries, exotic)
     if kind == 0:  # a duplicate ordinal
         entries.append((o, "other-node", [0]))
     elif kind == 1:  # a GPU listed twice in one entry
@@ -105,6 +191,8 @@ def _break(r: random.Random, entries: list[tuple[int, str, list[int]]], exotic: 
         entries[0] = (r.choice((MAX_ORDINAL + 1, 10**7, 10**30, 2**63)), node, gpus)
     elif kind == 4:
         entries[0] = (o, node, [*gpus[:-1], r.choice((MAX_GPU_INDEX + 1, 2000, 10**30))])
+        if not isinstance(gpus[0], int):  # an index past the limit is a problem of its own
+            entries[0] = (o, f"{node}x", entries[0][2][-1:])
     elif kind == 5:
         entries[0] = (o, r.choice(BAD_NODES), gpus)
     text = _render(r, entries, exotic)
@@ -159,15 +247,25 @@ def corpus(seed: int, count: int) -> Iterator[str]:
             yield _soup(r)
 
 
-def large_map(size: int, *, comment: str = "") -> str:
+def large_uuid(node: int, gpu: int) -> str:
+    """The UUID :func:`large_map` gives GPU ``gpu`` of node ``node``."""
+    return f"GPU-{node:08x}-0000-4000-8000-{gpu:012x}"
+
+
+def large_map(size: int, *, comment: str = "", named: bool = False) -> str:
     """A valid map of at most ``size`` UTF-8 bytes and as close to it as lines allow:
     ``N=gpu-node-K.example.com:0,1,2,3`` lines, 4 GPUs per ordinal, 2 ordinals per node;
-    ``comment`` (when given) ends every line."""
+    ``comment`` (when given) ends every line. ``named``: every third node's GPUs are named
+    by UUID (a map of mixed kinds: the policy's check that each node is named one way)."""
     lines: list[str] = []
     used = 0
     o = 0
     while True:
-        line = f"{o}=gpu-node-{o // 2}.example.com:{(o % 2) * 4},{(o % 2) * 4 + 1},{(o % 2) * 4 + 2},{(o % 2) * 4 + 3}{comment}\n"
+        node = o // 2
+        gpus: list[GPU] = [(o % 2) * 4 + i for i in range(4)]
+        if named and node % 3 == 0:
+            gpus = [large_uuid(node, g) for g in gpus]
+        line = f"{o}=gpu-node-{node}.example.com:{','.join(map(str, gpus))}{comment}\n"
         cost = len(line.encode())
         if used + cost > size:
             break

@@ -181,6 +181,19 @@ def test_the_map_policy_leaves_the_statefulset_controllers_pods_to_the_statefuls
         assert "userInfo" not in str(one(docs, kind, f"{FULL}-{name}")["spec"])
 
 
+@pytest.mark.parametrize("dra", [False, True])
+def test_the_map_policy_refuses_pci_bus_ids_outside_dra_mode_only(dra: bool) -> None:
+    """GPUNameNeedsDRA: a second validation, rendered unless dra.enabled (the grammar's own
+    validation accepts the three forms either way)."""
+    served = [*SERVED, "--api-versions", "resource.k8s.io/v1/ResourceClaim"]
+    docs = render(CHART, values={**POLICY, "dra": {"enabled": dra}}, extra=served)
+    validations = one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map")["spec"]["validations"]
+    pci = [v for v in validations if "pciNamed" in v["expression"]]
+    assert len(pci) == (0 if dra else 1)
+    if not dra:
+        assert "PCI bus IDs name GPUs only in DRA mode (chart value dra.enabled=true)" in pci[0]["message"]
+
+
 @pytest.mark.parametrize("key", ["injection", "webhook"])
 def test_the_gpu_resource_policy_is_a_warning_or_a_denial(key: str) -> None:
     for policy, vap in (("warn", f"{FULL}-map-warnings"), ("deny", f"{FULL}-map")):

@@ -19,7 +19,7 @@ from gpu_scheduling.check import (
     passed,
     run_checks,
 )
-from gpu_scheduling.schedmap import Entry
+from gpu_scheduling.schedmap import Entry, parse
 
 MAP = "0=node1:0,1\n1=node2:2\n2=node3:1,3"
 
@@ -626,3 +626,42 @@ def test_log_result_survives_reserved_keys(caplog: pytest.LogCaptureFixture) -> 
     (rec,) = caplog.records
     assert rec.__dict__["message_"] == "m" and rec.__dict__["name_"] == "n"
     assert rec.__dict__["check"] == "x" and rec.levelname == "WARNING"
+
+
+def nvml_uuid(h: int) -> str:
+    """The UUID fake_pynvml gives GPU ``h``."""
+    return f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd"
+
+
+def test_gpus_named_by_uuid_are_among_nvmls() -> None:
+    text = f"1=node2:{nvml_uuid(3).upper()},{nvml_uuid(1)}"
+    entry = parse(text)[1]
+    assert entry.devices == f"{nvml_uuid(3)},{nvml_uuid(1)}"
+    s = settings(map_text=text, cuda_visible_devices=entry.devices)
+    assert all(r.ok for r in map_results(s)[0])
+    checks = by_check(nvml_results(s, entry, nvml.query(fake_pynvml(4))))
+    r = checks["nvml:uuids"]
+    assert r.ok is True and r.expected == [nvml_uuid(3), nvml_uuid(1)]
+    assert r.actual == {"count": 4, "missing": []}
+    assert [d["index"] for d in r.extra["devices"]] == [3, 1]
+    assert "nvml:indices" not in checks  # CUDA_VISIBLE_DEVICES holds no index
+    lost = by_check(nvml_results(s, entry, nvml.query(fake_pynvml(2))))["nvml:uuids"]
+    assert lost.ok is False and lost.actual == {"count": 2, "missing": [nvml_uuid(3)]}
+
+
+def test_nvidia_mode_sees_exactly_the_uuids_mapped() -> None:
+    text = f"1=node2:{nvml_uuid(0)},{nvml_uuid(1)}"
+    entry = parse(text)[1]
+    s = settings(
+        map_text=text,
+        injection_mode="nvidia",
+        nvidia_visible_devices=entry.devices,
+        cuda_visible_devices="0,1",
+    )
+    assert all(r.ok for r in map_results(s)[0])
+    checks = by_check(nvml_results(s, entry, nvml.query(fake_pynvml(2))))
+    assert checks["nvml:count"].ok is True and checks["nvml:uuids"].ok is True
+    other = parse(f"1=node2:{nvml_uuid(0)},{nvml_uuid(5)}")[1]
+    s = settings(injection_mode="nvidia", nvidia_visible_devices=other.devices, cuda_visible_devices="0,1")
+    r = by_check(nvml_results(s, other, nvml.query(fake_pynvml(2))))["nvml:uuids"]
+    assert r.ok is False and r.actual["missing"] == [nvml_uuid(5)]

@@ -44,7 +44,7 @@ def pod_env(map_text: str, mode: str = "cuda", **over: str) -> dict[str, str]:
 
 
 def run_once(env: dict[str, str]) -> tuple[int, list[dict[str, Any]]]:
-    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
     res = subprocess.run(
         [str(CHECK_CMD), "once"], env={**base, **env}, capture_output=True, text=True, timeout=60, check=False
     )
@@ -118,6 +118,28 @@ def test_nvidia_mode_renumbers_the_mapped_gpus(fake_nvml: Path) -> None:
         {"index": 0, "uuid": default_uuid(2), "pci_bus_id": default_bus_id(2)},
         {"index": 1, "uuid": default_uuid(3), "pci_bus_id": default_bus_id(3)},
     ]
+
+
+def test_gpus_named_by_uuid_are_the_ones_nvml_sees(fake_nvml: Path) -> None:
+    # The map names physical GPUs 3 and 1 by UUID (in upper case); the runtime exposes those two.
+    wanted = [default_uuid(3), default_uuid(1)]
+    text = f"1=node2:{wanted[0].upper()},{wanted[1]}"
+    devices = ",".join(wanted)
+    env = {
+        **nvml_env(fake_nvml, gpus=4, container=True),
+        **pod_env(text, "nvidia", NVIDIA_VISIBLE_DEVICES=devices, CUDA_VISIBLE_DEVICES="0,1"),
+    }
+    code, lines = run_once(env)
+    assert code == 0, lines
+    uuids = checks(lines)["nvml:uuids"]
+    assert uuids["ok"] is True and uuids["expected"] == wanted
+    assert sorted(d["uuid"] for d in uuids["devices"]) == sorted(wanted)
+    # cuda mode: NVML sees every GPU of the node; the UUIDs must be among them.
+    env = {**nvml_env(fake_nvml, gpus=2), **pod_env(text, CUDA_VISIBLE_DEVICES=devices)}
+    code, lines = run_once(env)
+    assert code == 1
+    uuids = checks(lines)["nvml:uuids"]
+    assert uuids["ok"] is False and uuids["actual"]["missing"] == [default_uuid(3)]
 
 
 def test_nvidia_mode_without_isolation_fails(fake_nvml: Path) -> None:

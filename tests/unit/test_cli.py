@@ -184,7 +184,7 @@ def test_multi_document_helm_output(tmp_path: Path) -> None:
     # A one-line quoted annotation: the file line is the annotation's own line.
     file_line = int(err[1][len(prefix) :].split(":", 1)[0])
     assert "gpu-scheduling-map:" in lines_of_file[file_line - 1]
-    assert ": Pod default/w-1: line 1: GPU index 'x' is not a non-negative integer" in err[1]
+    assert ": Pod default/w-1: line 1: GPU 'x' is not an index, a UUID" in err[1]
     # The valid StatefulSet still gets its table.
     assert "StatefulSet default/w (replicas 3)" in res.stdout
 
@@ -376,7 +376,14 @@ def test_json_format(tmp_path: Path) -> None:
         True,
         3,
     )
-    assert m["entries"][0] == {"ordinal": 0, "node": "node1", "gpus": [0, 1], "line": 1, "file_line": 13}
+    assert m["entries"][0] == {
+        "ordinal": 0,
+        "node": "node1",
+        "gpus": [0, 1],
+        "gpu_kind": "index",
+        "line": 1,
+        "file_line": 13,
+    }
     assert raw["input"] == "map"
     (e,) = raw["maps"][0]["errors"]
     assert e["line"] == 2 and e["file_line"] == 2 and "already mapped" in e["message"]
@@ -435,3 +442,31 @@ def test_empty_input_exits_2() -> None:
     res = run("validate", stdin="# nothing yet\n")
     assert res.returncode == 1
     assert "the map has no entries" in res.stderr
+
+
+def test_gpus_named_by_uuid_and_pci_bus_id_are_shown_normalized_and_pci_needs_dra(tmp_path: Path) -> None:
+    uuid = "GPU-8A3C0D4E-1234-5678-9ABC-DEF012345678"
+    raw = write(tmp_path, "map.txt", f"0=node1:{uuid}\n1=node2:00000000:3B:00.0\n")
+    res = run("validate", str(raw))
+    assert res.returncode == 0, res.stderr
+    assert f"node1  {uuid[:4]}{uuid[4:].lower()}" in res.stdout
+    assert "node2  0000:3b:00.0" in res.stdout
+    assert (
+        f"{raw}:2: warning: gpu-scheduling-map line 2: replica 1 is mapped to node2:0000:3b:00.0"
+        in res.stderr
+    )
+    assert "PCI bus IDs name GPUs only in DRA mode" in res.stderr
+    assert run("validate", "--strict", str(raw)).returncode == 1
+    # A cluster in DRA mode: nothing to say.
+    dra = run("validate", "--strict", "--dra", str(raw))
+    assert dra.returncode == 0 and not dra.stderr, dra.stderr
+    doc = json.loads(run("validate", "--dra", "--format", "json", str(raw)).stdout)
+    assert [(e["gpus"], e["gpu_kind"]) for e in doc["inputs"][0]["maps"][0]["entries"]] == [
+        ([f"GPU-{uuid[4:].lower()}"], "uuid"),
+        (["0000:3b:00.0"], "pci"),
+    ]
+    # A node named two ways is an error naming both lines.
+    mixed = write(tmp_path, "mixed.txt", f"0=node1:0\n1=node1:{uuid}\n")
+    res = run("validate", str(mixed))
+    assert res.returncode == 1
+    assert f"{mixed}:2: node 'node1' has its GPUs named by UUID here and by index on line 1" in res.stderr

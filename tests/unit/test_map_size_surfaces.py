@@ -174,7 +174,10 @@ def test_cli_quotes_an_excerpt_of_a_long_line(tmp_path: Path) -> None:
     [line] = err.splitlines()
     token = "y" * (EXCERPT_CHARS - 1) + "…"
     text = "1=node2:0,1," + "y" * (EXCERPT_CHARS - 13) + "…"
-    assert line == f"{path}:2: GPU index {token!r} is not a non-negative integer (in {text!r})"
+    assert line == (
+        f"{path}:2: GPU {token!r} is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+        f"or a PCI bus ID (0000:3b:00.0) (in {text!r})"
+    )
 
 
 MEASURE = """

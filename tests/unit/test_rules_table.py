@@ -38,7 +38,7 @@ from gpu_scheduling.fit import PodFootprint
 from gpu_scheduling.injection import desired_env
 from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
 from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
-from gpu_scheduling.schedmap import ANNOTATION, MapError
+from gpu_scheduling.schedmap import ANNOTATION, GPU, MapError
 from localcluster.admission import admission_review
 from scheduler.ledger import Claim, Ledger
 from scheduler.pods import is_pending
@@ -49,6 +49,9 @@ from webhook.settings import Settings
 
 OURS = "gpu-scheduler"
 MAP = "0=node1:0,1\n1=node2:2\n"
+# The same placement with the GPUs named by UUID (written in upper case: the map keeps them lower).
+UUIDS = [f"GPU-8a3c0d4e-1234-5678-9abc-{i:012x}" for i in range(3)]
+UUID_MAP = f"0=node1:{UUIDS[0].upper()},{UUIDS[1]}\n1=node2:{UUIDS[2]}\n"
 OK = "ok"
 
 
@@ -78,7 +81,7 @@ class Case:
     spec: dict[str, Any] = field(default_factory=dict)  # merged into the template's pod spec
     container: dict[str, Any] = field(default_factory=dict)  # merged into its container
     nodes: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(NODES))
-    holders: list[tuple[str, int]] = field(default_factory=list)  # (node, gpu) held by another pod
+    holders: list[tuple[str, GPU]] = field(default_factory=list)  # (node, gpu) held by another pod
     # Pods of any scheduler bound to a node: (node, their pod spec).
     node_pods: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     injected: bool = True
@@ -105,6 +108,15 @@ CASES = [
     Case("node-without-gpus", R.NO_GPU_RESOURCE, nodes={**NODES, "node1": node("node1", gpus=None)}),
     Case("gpu-index-beyond-node", R.GPU_OUT_OF_RANGE, nodes={**NODES, "node1": node("node1", gpus="1")}),
     Case("gpu-held", R.GPU_IN_USE, holders=[("node1", 1)]),
+    Case("gpus-by-uuid", OK, map_text=UUID_MAP),
+    Case(
+        "more-uuids-than-the-node-has",
+        R.GPU_OUT_OF_RANGE,
+        map_text=UUID_MAP,
+        nodes={**NODES, "node1": node("node1", gpus="1")},
+    ),
+    Case("gpu-held-by-uuid", R.GPU_IN_USE, map_text=UUID_MAP, holders=[("node1", UUIDS[1])]),
+    Case("gpu-by-pci-bus-id", R.GPU_NAME_NEEDS_DRA, map_text="0=node1:00000000:3B:00.0\n1=node2:2\n"),
     Case("node-selector", R.NODE_AFFINITY, spec={"nodeSelector": {"disk": "ssd"}}),
     Case(
         "required-node-affinity",

@@ -13,7 +13,11 @@ from gpu_scheduling.schedmap import (
     Problem,
     SchedulingMap,
     excerpt,
+    gpu_kind,
+    gpu_name,
+    gpu_sort_key,
     parse,
+    parse_gpu,
 )
 
 
@@ -176,13 +180,13 @@ def test_empty_node_name() -> None:
         ("-1=a:0", "ordinal '-1' is not a non-negative integer"),
         ("1.5=a:0", "ordinal '1.5' is not a non-negative integer"),
         ("=a:0", "ordinal '' is not a non-negative integer"),
-        ("0=a:x", "GPU index 'x' is not a non-negative integer"),
-        ("0=a:-1", "GPU index '-1' is not a non-negative integer"),
-        ("0=a:0x1", "GPU index '0x1' is not a non-negative integer"),
-        ("0=a:²", "GPU index '²' is not a non-negative integer"),
+        ("0=a:x", "GPU 'x' is not an index, a UUID"),
+        ("0=a:-1", "GPU '-1' is not an index, a UUID"),
+        ("0=a:0x1", "GPU '0x1' is not an index, a UUID"),
+        ("0=a:²", "GPU '²' is not an index, a UUID"),
         ("٣=a:0", "ordinal '٣' is not a non-negative integer"),
-        ("0=a:\uff11", "GPU index '\uff11' is not a non-negative integer"),
-        ("0=a:0 1", "GPU index '0 1' is not a non-negative integer"),
+        ("0=a:\uff11", "GPU '\uff11' is not an index, a UUID"),
+        ("0=a:0 1", "GPU '0 1' is not an index, a UUID"),
         ("+1=a:0", "ordinal '+1' is not a non-negative integer"),
         ("1_0=a:0", "ordinal '1_0' is not a non-negative integer"),
     ],
@@ -284,3 +288,122 @@ def test_scheduling_map_is_a_mapping() -> None:
     assert 0 in smap and 5 not in smap
     assert smap.get(5) is None
     assert dict(smap) == {0: Entry(0, "a", (0,)), 1: Entry(1, "b", (0,))}
+
+
+# --- GPUs named by UUID or by PCI bus ID ---------------------------------------------------------
+
+UUID = "GPU-8a3c0d4e-1234-5678-9abc-def012345678"
+UUID2 = "GPU-8a3c0d4e-1234-5678-9abc-def012345679"
+
+
+def test_an_index_stays_an_int() -> None:
+    entry = parse("0=n:3,01")[0]
+    assert entry.gpus == (3, 1) and all(type(g) is int for g in entry.gpus)
+    assert entry.kind == "index" and gpu_kind(3) == "index"
+
+
+def test_a_uuid_is_kept_in_nvidia_form_lower_case() -> None:
+    entry = parse(f"0=n: {UUID.upper().replace('GPU-', 'gpu-')} ,{UUID2}")[0]
+    assert entry.gpus == (UUID, UUID2)
+    assert entry.kind == "uuid" and gpu_kind(UUID) == "uuid"
+    # As CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES take them.
+    assert entry.devices == f"{UUID},{UUID2}"
+    assert str(entry) == f"0=n:{UUID},{UUID2}"
+
+
+@pytest.mark.parametrize(
+    ("written", "normal"),
+    [
+        ("0000:3b:00.0", "0000:3b:00.0"),  # sysfs, DRA's resource.kubernetes.io/pciBusID
+        ("00000000:3B:00.0", "0000:3b:00.0"),  # NVML, nvidia-smi
+        ("0000:AF:1f.7", "0000:af:1f.7"),
+        ("10000000:3b:00.1", "10000000:3b:00.1"),  # a domain past 16 bits keeps its 8 digits
+        ("0001:3b:00.0", "0001:3b:00.0"),
+    ],
+)
+def test_a_pci_bus_id_is_kept_lower_case_with_a_4_digit_domain(written: str, normal: str) -> None:
+    entry = parse(f"0=node1:{written}")[0]
+    assert entry.node == "node1", "split at the first ':'"
+    assert entry.gpus == (normal,) and entry.kind == "pci" and gpu_kind(normal) == "pci"
+    assert parse_gpu(written) == normal and gpu_name(written) == normal
+
+
+def test_names_round_trip_through_format() -> None:
+    smap = parse(f"1=b:00000000:3B:00.0, 0000:3c:00.0\n0=a:{UUID.upper().replace('GPU-', 'GPU-')}\n2=c:0")
+    assert smap.format() == f"0=a:{UUID}\n1=b:0000:3b:00.0,0000:3c:00.0\n2=c:0\n"
+    assert parse(smap.format()) == smap
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "GPU-12",
+        "GPU-8a3c0d4e-1234-5678-9abc-def01234567",  # 11 digits in the last group
+        "GPU-8a3c0d4e-1234-5678-9abc-def0123456789",
+        "GPU-8a3c0d4e-123-45678-9abc-def012345678",  # wrong group lengths
+        "GPU-8a3c0d4g-1234-5678-9abc-def012345678",  # not hex
+        "GPU8a3c0d4e-1234-5678-9abc-def012345678",
+        "MIG-8a3c0d4e-1234-5678-9abc-def012345678",
+        "8a3c0d4e-1234-5678-9abc-def012345678",
+        "0000:3b:00.8",  # function 0-7
+        "000:3b:00.0",  # a 3-digit domain
+        "00000:3b:00.0",
+        "0000:3b:0.0",
+        "0000:3bb:00.0",
+        "0000:3b:00",
+        "0000:3g:00.0",
+        "3b:00.0",  # no domain
+        "0000:3b:00.0.0",
+    ],
+)
+def test_a_token_that_names_no_gpu_says_what_a_gpu_is(token: str) -> None:
+    p = only_problem(f"# c\n0=n:{token}")
+    assert p.line == 2
+    assert p.message == (
+        f"GPU {token!r} is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) "
+        "or a PCI bus ID (0000:3b:00.0)"
+    )
+    assert parse_gpu(token) is None
+
+
+def test_duplicates_compare_normalized_names() -> None:
+    p = only_problem(f"0=n:{UUID},{UUID.upper().replace('GPU-', 'gpu-')}")
+    assert p.message == f"GPU {UUID} is listed twice in this entry"
+    p = only_problem("0=n:0000:3b:00.0,00000000:3B:00.0")
+    assert p.message == "GPU 0000:3b:00.0 is listed twice in this entry"
+    p = only_problem("0=n:0000:3b:00.0\n1=n:00000000:3B:00.0")
+    assert p.line == 2 and p.message == "n:0000:3b:00.0 is already given to ordinal 0 on line 1"
+    p = only_problem(f"0=n:{UUID}\n1=n:{UUID.upper()}")
+    assert p.message == f"n:{UUID} is already given to ordinal 0 on line 1"
+
+
+def test_the_same_name_on_two_nodes_is_refused_by_no_grammar_rule() -> None:
+    # A UUID is unique across nodes in reality, but that is for the cluster to tell.
+    assert len(parse(f"0=a:{UUID}\n1=b:{UUID}")) == 2
+
+
+def test_one_entry_names_its_gpus_one_way() -> None:
+    p = only_problem(f"0=n:0,{UUID}")
+    assert p.message == (
+        "the GPUs of node 'n' are named both by index and by UUID in this entry: the same GPU could "
+        "then be given twice; name all of a node's GPUs one way (all indices, all UUIDs or all PCI bus IDs)"
+    )
+    p = only_problem(f"0=n:{UUID},0000:3b:00.0")
+    assert "named both by UUID and by PCI bus ID in this entry" in p.message
+
+
+def test_one_node_is_named_one_way_in_the_whole_map() -> None:
+    p = only_problem(f"0=n:0\n1=other:{UUID}\n2=n:{UUID}")
+    assert p.line == 3
+    assert p.message == (
+        "node 'n' has its GPUs named by UUID here and by index on line 1 (0=n:0): the same GPU could "
+        "then be given twice; name all of a node's GPUs one way (all indices, all UUIDs or all PCI bus IDs)"
+    )
+    p = only_problem("0=n:0000:3b:00.0 ; 1=n:1")
+    assert p.line == 1 and "named by index here and by PCI bus ID on line 1" in p.message
+    # Other nodes may each choose their own way.
+    assert len(parse(f"0=a:0\n1=b:{UUID}\n2=c:0000:3b:00.0\n3=a:1\n4=b:{UUID2}")) == 5
+
+
+def test_gpus_of_all_kinds_sort_together() -> None:
+    assert sorted([UUID, 3, "0000:3b:00.0", 1], key=gpu_sort_key) == [1, 3, "0000:3b:00.0", UUID]

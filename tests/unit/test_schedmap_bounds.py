@@ -108,7 +108,7 @@ def test_a_huge_node_name_is_not_echoed_whole() -> None:
 
 def test_huge_tokens_are_not_echoed_whole() -> None:
     err = refusal("0=a:" + "x" * 100_000)
-    assert f"GPU index '{'x' * (EXCERPT_CHARS - 1)}…' is not" in err.problems[0].message
+    assert f"GPU '{'x' * (EXCERPT_CHARS - 1)}…' is not" in err.problems[0].message
     err = refusal("x" * 100_000 + "=a:0")
     assert f"ordinal '{'x' * (EXCERPT_CHARS - 1)}…' is not" in err.problems[0].message
     err = refusal("0=" + "A" * 100_000 + ":")

@@ -9,31 +9,47 @@ from hypothesis import strategies as st
 
 from gpu_scheduling.schedmap import (
     EXCERPT_CHARS,
+    GPU,
     MAX_ERROR_CHARS,
     MAX_GPU_INDEX,
     MAX_ORDINAL,
     Entry,
     MapError,
     SchedulingMap,
+    gpu_kind,
+    gpu_name,
     parse,
+    parse_gpu,
 )
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
 node_names = st.from_regex(rf"{_LABEL}(\.{_LABEL}){{0,2}}", fullmatch=True)
 ordinals = st.integers(min_value=0, max_value=MAX_ORDINAL)
 gpu_indices = st.integers(min_value=0, max_value=MAX_GPU_INDEX)
+# Normalized names: GPU-<lower hex 8-4-4-4-12>, dddd:bb:dd.f (lower case; a domain of 8 digits
+# only when its first 4 are not all zero).
+_hex = "[0-9a-f]"
+gpu_uuids = st.from_regex(
+    rf"GPU-{_hex}{{8}}-{_hex}{{4}}-{_hex}{{4}}-{_hex}{{4}}-{_hex}{{12}}", fullmatch=True
+)
+gpu_pci_ids = st.from_regex(
+    rf"({_hex}{{4}}|[1-9a-f]{_hex}{{7}}):{_hex}{{2}}:{_hex}{{2}}\.[0-7]", fullmatch=True
+)
+GPUS_OF_KIND = {"index": gpu_indices, "uuid": gpu_uuids, "pci": gpu_pci_ids}
 
 
 @st.composite
 def scheduling_maps(draw: Any) -> SchedulingMap:
-    """A valid map: unique ordinals, no GPU twice in an entry, no NODE:GPU given twice."""
+    """A valid map: unique ordinals, no GPU twice in an entry, no NODE:GPU given twice, and
+    each node's GPUs named one way (indices, UUIDs or PCI bus IDs)."""
     nodes = draw(st.lists(node_names, min_size=1, max_size=4, unique=True))
+    kinds = {n: draw(st.sampled_from(sorted(GPUS_OF_KIND))) for n in nodes}
     wanted = draw(st.lists(ordinals, min_size=1, max_size=8, unique=True))
-    taken: set[tuple[str, int]] = set()
+    taken: set[tuple[str, GPU]] = set()
     entries: dict[int, Entry] = {}
     for ordinal in wanted:
         node = draw(st.sampled_from(nodes))
-        gpus = draw(st.lists(gpu_indices, min_size=1, max_size=4, unique=True))
+        gpus = draw(st.lists(GPUS_OF_KIND[kinds[node]], min_size=1, max_size=4, unique=True))
         gpus = [g for g in gpus if (node, g) not in taken]
         if not gpus:
             continue
@@ -61,8 +77,13 @@ def renderings(draw: Any, smap: SchedulingMap) -> tuple[str, dict[int, int]]:
     line = 1
     where: dict[int, int] = {}
 
-    def num(n: int) -> str:
-        return "0" * draw(st.integers(0, 2)) + str(n)
+    def num(n: GPU) -> str:
+        if isinstance(n, int):
+            return "0" * draw(st.integers(0, 2)) + str(n)
+        # A name in any case; a PCI bus ID's 4-digit domain perhaps as NVML's 8 digits.
+        if gpu_kind(n) == "pci" and n.index(":") == 4 and draw(st.booleans()):
+            n = "0000" + n
+        return "".join(c.upper() if draw(st.booleans()) else c for c in n)
 
     def ws() -> str:
         return str(draw(spaces))
@@ -122,10 +143,30 @@ def test_any_rendering_parses_back(data: st.DataObject) -> None:
     assert {o: back[o].line for o in back} == where
 
 
+@settings(max_examples=300)
+@given(st.one_of(gpu_indices, gpu_uuids, gpu_pci_ids), st.data())
+def test_a_gpu_name_normalizes_idempotently(gpu: GPU, data: st.DataObject) -> None:
+    """Whatever case and domain width a name is written in, it reads as its normal form, and
+    the normal form reads as itself."""
+    assert parse_gpu(str(gpu)) == gpu
+    if isinstance(gpu, str):
+        assert gpu_name(gpu) == gpu
+        written = "".join(c.upper() if data.draw(st.booleans()) else c for c in gpu)
+        assert parse_gpu(f" {written}\t") == gpu
+        assert gpu_name(gpu_name(written) or "") == gpu
+
+
 grammar_soup = st.text(
-    alphabet=st.sampled_from(list("0123456789=:,;# \t\r\nab-.Z_²٣\uff11\u00a0\u2028\x1c\x00é")), max_size=60
+    alphabet=st.sampled_from(list("0123456789=:,;# \t\r\nab-.Z_²٣\uff11\u00a0\u2028\x1c\x00éGPUf")),
+    max_size=60,
 )
 huge_numbers = st.integers(min_value=MAX_ORDINAL + 1, max_value=10**30).map(str) | st.just("9" * 5000)
+
+
+JUNK = (
+    *("", "x", "-1", "²", "٣", "\uff11", "0x1", "Node", "a_b", ",", "=", ":", ";", "#"),
+    *("GPU-", "0000:3b:00.0", "g", "-", ".", "f", "00000000:", "GPU-8a3c0d4e-1234-5678-9abc-def012345678"),
+)
 
 
 @st.composite
@@ -133,9 +174,7 @@ def near_misses(draw: Any) -> str:
     """A valid map with one token swapped for junk: exercises each error path."""
     smap = draw(scheduling_maps())
     text = smap.format()
-    junk = draw(
-        st.sampled_from(["", "x", "-1", "²", "٣", "\uff11", "0x1", "Node", "a_b", ",", "=", ":", ";", "#"])
-    )
+    junk = draw(st.sampled_from(JUNK))
     junk = draw(st.just(junk) | huge_numbers)
     pos = draw(st.integers(0, len(text)))
     cut = draw(st.integers(0, 3))

@@ -197,3 +197,31 @@ def test_cancel_falls_back_to_the_api_object() -> None:
     ledger.reserve(bound, Claim("node1", (0,)))
     ledger.cancel(bound)
     assert ledger.claim("uid-a-0") == Claim("node3", (1,))
+
+
+U1 = "GPU-8a3c0d4e-1234-5678-9abc-def012345678"
+U2 = "GPU-8a3c0d4e-1234-5678-9abc-def012345679"
+
+
+def test_gpus_named_by_uuid_are_held_as_the_map_names_them() -> None:
+    # The webhook writes the map's normal form; any case reads back as it.
+    assert parse_devices(f"{U2}, {U1.upper()},{U2}") == (U2, U1)
+    for bad in ("0000:3b:00.0", f"{U1},x", "GPU-8a3c0d4e", f"{U1}0"):
+        assert parse_devices(bad) is None, bad
+    cuda = pod(devices=f"{U2},{U1}", node="node1", phase="Running")
+    assert claim_of(cuda) == Claim("node1", (U1, U2))
+    # nvidia mode: NVIDIA_VISIBLE_DEVICES names the physical GPUs, CUDA_VISIBLE_DEVICES is 0..n-1.
+    nvidia = pod(name="w-1", devices="0", nvidia=U2, node="node1", phase="Running")
+    assert claim_of(nvidia) == Claim("node1", (U2,))
+    # No variable: the map entry, by UUID.
+    bare = pod(name="w-2", node="node1", phase="Running", smap=f"2=node1:{U1.upper()}")
+    assert claim_of(bare) == Claim("node1", (U1,))
+
+
+def test_a_ledger_holds_indices_and_uuids_side_by_side() -> None:
+    ledger = Ledger()
+    ledger.observe(pod(name="a-0", devices=f"{U1}", node="node1", phase="Running"))
+    ledger.observe(pod(name="b-0", devices="3,1", node="node1", phase="Running"))
+    assert ledger.snapshot() == {"node1:1": ["ns/b-0"], "node1:3": ["ns/b-0"], f"node1:{U1}": ["ns/a-0"]}
+    assert ledger.holders("node1", [U1, U2]) == [(U1, "ns/a-0")]
+    assert Claim.of("n", [U2, 2, U1, 0]) == Claim("n", (0, 2, U1, U2))
