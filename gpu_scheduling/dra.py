@@ -22,12 +22,11 @@ every node of a model) only ever matches on that node.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduling.schedmap import Entry
+from gpu_scheduling.schedmap import Entry, gpu_kind, gpu_name
 
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "gpu.nvidia.com"
@@ -50,32 +49,15 @@ GATE = "gpu-scheduler.io/claim"
 # kube-scheduler's finalizer on a claim it allocated.
 ALLOCATION_FINALIZER = "resource.kubernetes.io/delete-protection"
 
-_UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
-
 
 def claim_name(pod_name: str) -> str:
     return pod_name + CLAIM_SUFFIX
 
 
-def gpu_kind(gpu: int | str) -> str:
-    """``index``, ``uuid`` or ``pci``: how a map names a GPU (see gpu_scheduling.schedmap)."""
-    if isinstance(gpu, int):
-        return "index"
-    return "uuid" if gpu.upper().startswith("GPU-") else "pci"
-
-
-def normal_pci(text: str) -> str:
-    """``0000:3b:00.0`` for ``00000000:3B:00.0``: lower case, a 4-digit domain where it fits."""
-    text = text.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and len(domain) == 8 and domain.startswith("0000"):
-        domain = domain[4:]
-    return f"{domain}{sep}{rest}"
-
-
-def normal_uuid(text: str) -> str:
+def normal_name(text: str) -> str:
+    """A slice's ``uuid`` or ``pciBusID`` attribute in the map's normal form (as schedmap writes it)."""
     text = text.strip()
-    return "GPU-" + text[4:].lower() if text.upper().startswith("GPU-") else text
+    return gpu_name(text) or text.lower()
 
 
 @dataclass(frozen=True)
@@ -138,8 +120,8 @@ def node_devices(slices: Iterable[Mapping[str, Any]], node: str, driver: str = D
                     node=node,
                     pool=pool_name,
                     name=d["name"],
-                    uuid=normal_uuid(_attribute(attrs, driver, UUID_ATTRIBUTE)),
-                    pci_bus_id=normal_pci(_attribute(attrs, PCI_DOMAIN, PCI_ATTRIBUTE)),
+                    uuid=normal_name(_attribute(attrs, driver, UUID_ATTRIBUTE)),
+                    pci_bus_id=normal_name(_attribute(attrs, PCI_DOMAIN, PCI_ATTRIBUTE)),
                     product=_attribute(attrs, driver, "productName"),
                 )
             )
@@ -178,7 +160,7 @@ def resolve(entry: Entry, devices: Sequence[Device]) -> list[Device]:
                     f"in PCI bus ID order: {_listing(devices)})"
                 )
         elif kind == "uuid":
-            want = normal_uuid(str(gpu))
+            want = str(gpu)
             found = next((d for d in devices if d.uuid == want), None)
             if found is None:
                 raise Unresolved(
@@ -186,7 +168,7 @@ def resolve(entry: Entry, devices: Sequence[Device]) -> list[Device]:
                     f"it publishes {_listing(devices)})"
                 )
         else:
-            want = normal_pci(str(gpu))
+            want = str(gpu)
             found = next((d for d in devices if d.pci_bus_id == want), None)
             if found is None:
                 raise Unresolved(

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpu_scheduling import dra
-from gpu_scheduling.schedmap import Entry
+from gpu_scheduling.schedmap import Entry, parse_gpu
 
 
 def device(minor: int, bus: str, uuid: str | None = None) -> dict[str, Any]:
@@ -57,11 +57,13 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
 def test_resolve_each_form() -> None:
     devs = dra.node_devices(SLICES, "n1")
     assert [d.name for d in dra.resolve(Entry(0, "n1", (0, 2)), devs)] == ["gpu-1", "gpu-0"]
-    uuid = devs[1].uuid
-    assert [d.name for d in dra.resolve(Entry(0, "n1", (uuid.upper().replace("GPU-", "GPU-"),)), devs)] == [
-        "gpu-2"
-    ]
-    assert [d.name for d in dra.resolve(Entry(0, "n1", ("0000:C1:00.0",)), devs)] == ["gpu-0"]
+    # Entries hold the parser's normal forms (schedmap.parse_gpu): any case, NVML's 8-digit domain.
+    by_uuid = parse_gpu(devs[1].uuid.upper().replace("GPU-", "GPU-"))
+    assert by_uuid is not None
+    assert [d.name for d in dra.resolve(Entry(0, "n1", (by_uuid,)), devs)] == ["gpu-2"]
+    by_pci = parse_gpu("00000000:C1:00.0")
+    assert by_pci is not None
+    assert [d.name for d in dra.resolve(Entry(0, "n1", (by_pci,)), devs)] == ["gpu-0"]
 
 
 @pytest.mark.parametrize(
