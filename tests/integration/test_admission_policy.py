@@ -33,7 +33,10 @@ MERGE = "application/merge-patch+json"
 RULE1 = f"may not set spec.nodeName: the scheduler {SCHEDULER} binds it to the node its map names"
 RULE2 = "cannot be changed, added or removed"
 RULE2_BINDING = "a Binding may not carry the gpu-scheduling-map annotation"
-RULE4_OPS = "may only bind pods, set their PodScheduled condition, evict pods and delete pending mapped pods"
+RULE4_OPS = (
+    "may only bind pods, set their PodScheduled condition, evict pods, delete pending mapped pods and remove the"
+    " gpu-scheduler.io/claim scheduling gate"
+)
 RULE4_BINDING = "the scheduler's Binding may not carry annotations"
 RULE4_METADATA = "may not change a pod's labels, annotations or finalizers through pods/status"
 RULE4_STATUS = "may change only the PodScheduled condition through pods/status"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_scheduling import dra
-from gpu_scheduling.schedmap import Entry
+from gpu_scheduling.schedmap import Entry, gpu_name
 from localcluster import dra as slices
 
 
@@ -61,8 +61,8 @@ def test_uuids_and_buses_are_deterministic_and_distinct() -> None:
     every = [g for n in ("node1", "node2", "node3") for g in slices.node_gpus(n, 4)]
     assert len({g.uuid for g in every}) == len(every)
     for g in every:
-        assert dra._UUID_RE.fullmatch(g.uuid), g.uuid
-        assert dra.normal_pci(g.pci_bus_id) == g.pci_bus_id
+        assert gpu_name(g.uuid) == g.uuid, g.uuid  # a UUID in the map's normal form
+        assert gpu_name(g.pci_bus_id) == g.pci_bus_id
     # PCI bus IDs repeat across nodes (the same board): only the node tells them apart.
     assert {g.pci_bus_id for g in slices.node_gpus("node1", 4)} == {
         g.pci_bus_id for g in slices.node_gpus("node2", 4)
