@@ -46,8 +46,6 @@ DEVICES_ANNOTATION = "gpu-scheduler.io/devices"
 POD_LABEL = "gpu-scheduler.io/dra"
 # The scheduling gate a DRA replica is created behind, removed once its claim asks for its entry.
 GATE = "gpu-scheduler.io/claim"
-# kube-scheduler's finalizer on a claim it allocated.
-ALLOCATION_FINALIZER = "resource.kubernetes.io/delete-protection"
 
 
 def claim_name(pod_name: str) -> str:

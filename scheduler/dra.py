@@ -174,7 +174,10 @@ class ClaimController:
         held = dra.held_devices(claims.values())
         sts_by_uid = {str(_meta(s).get("uid")): s for s in self.statefulsets.items()}
         pods = {object_key(p): p for p in self.pods.items()}
-        slices = self.slices.items()
+        # Each replica reads its own node's slices: grouped once per pass, not scanned per pod.
+        slices: dict[str, list[Obj]] = {}
+        for s in self.slices.items():
+            slices.setdefault(str((s.get("spec") or {}).get("nodeName", "")), []).append(s)
         for pod in pods.values():
             if _meta(pod).get("deletionTimestamp") or _terminal(pod):
                 continue
@@ -197,7 +200,7 @@ class ClaimController:
         held: Mapping[tuple[str, str, str], Mapping[str, Any]],
         sts_by_uid: Mapping[str, Obj],
         pods: Mapping[str, Obj],
-        slices: list[Obj],
+        slices: Mapping[str, list[Obj]],
     ) -> None:
         name = dra.pod_claim_name(pod)
         meta = _meta(pod)
@@ -210,7 +213,7 @@ class ClaimController:
             return  # the map policy refuses such a pod; nothing of ours to make
         if entry is None or ordinal is None:
             return
-        devices = dra.node_devices(slices, entry.node, self.driver)
+        devices = dra.node_devices(slices.get(entry.node, []), entry.node, self.driver)
         try:
             resolved: list[dra.Device] | None = dra.resolve(entry, devices)
             unresolved = ""
