@@ -27,6 +27,7 @@ from localcluster.cluster import REPO, Cluster, tool
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity, render_chart, scheduler_chart_values
 from localcluster.scheduler_host import run_scheduler
+from tests.integration.fixtures_scheduler import statefulset
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -82,26 +83,11 @@ class Dra:
     def devices(self, short: str) -> list[dra.Device]:
         return dra.node_devices(self.get("resourceslices", all_ns=True)["items"], self.nodes[short])
 
-    def statefulset(self, name: str, sched_map: str, replicas: int, **extra: Any) -> dict[str, Any]:
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {
-                "replicas": replicas,
-                "serviceName": name,
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}, "annotations": {"gpu-scheduling-map": sched_map}},
-                    "spec": {
-                        "schedulerName": self.scheduler_name,
-                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                    },
-                },
-                **extra,
-            },
-        }
+    def statefulset(self, name: str, sched_map: str, replicas: int) -> dict[str, Any]:
+        """The scheduler tests' StatefulSet (Parallel, kwok runs it), for this test's scheduler."""
+        sts = statefulset(name, sched_map, replicas, scheduler_name=self.scheduler_name)
+        sts["metadata"]["namespace"] = self.namespace
+        return sts
 
     def foreign_pod(self, name: str, short: str) -> list[dict[str, Any]]:
         """A pod of kube-scheduler's with a claim for any GPU, pinned to node ``short``."""
