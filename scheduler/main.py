@@ -23,6 +23,7 @@ from gpu_scheduling.kube.informer import Informer
 from gpu_scheduling.kube.tls import server_context
 from scheduler import settings as settings_mod
 from scheduler.binding import PodWriter
+from scheduler.collector import QuietCollector
 from scheduler.core import Scheduler
 from scheduler.dra import ClaimController
 from scheduler.events import EventRecorder
@@ -168,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extender_server is not None:
         extender_server.start()
     scheduler.start()
+    # Full garbage collections out of the bursts (scheduler/collector.py); the start-up
+    # state, frozen once every cache has listed, is never walked again.
+    QuietCollector(
+        scheduler.placing, settings.gc_max_defer, on_collected=scheduler.metrics.gc_collected
+    ).start(scheduler.stop_event, ready=lambda: all(c.synced.is_set() for c in scheduler.caches().values()))
     if settings.dra:
         build_claims(settings, api_client, scheduler).start(scheduler.stop_event)
     try:

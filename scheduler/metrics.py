@@ -71,6 +71,19 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.gc_full = Counter(
+            "gpu_scheduler_gc_full_collections",
+            "Full garbage collections, by when they ran: quiet (no pod being placed) or deadline.",
+            ["when"],
+            registry=r,
+        )
+        self.gc_full_seconds = Counter(
+            "gpu_scheduler_gc_full_collection_seconds",
+            "Seconds spent in full garbage collections (the process holds its interpreter lock).",
+            registry=r,
+        )
+        for when in ("quiet", "deadline"):
+            self.gc_full.labels(when)
         self.watch_relists = Counter(
             "gpu_scheduler_watch_relists",
             "Full lists of a watched resource (start, 410 Gone).",
@@ -91,6 +104,10 @@ class Metrics:
 
         self.leader_renewal_age.set_function(age_or_nan)
         self.leader_healthy.set_function(lambda: 1.0 if healthy() else 0.0)
+
+    def gc_collected(self, when: str, seconds: float) -> None:
+        self.gc_full.labels(when).inc()
+        self.gc_full_seconds.inc(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

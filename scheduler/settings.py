@@ -52,6 +52,9 @@ class Settings:
     log_level: str = "INFO"
     kubeconfig: str | None = None
     workers: int = 16
+    # Full garbage collections wait while pods are being placed, at most this long, s
+    # (scheduler/collector.py). 0: CPython's own collector, untouched.
+    gc_max_defer: float = 300.0
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     # Bind a mapped pod only when its containers carry the webhook's GPU variables for
@@ -103,6 +106,8 @@ class Settings:
             problems.append(f"log level {self.log_level!r} is not one of {sorted(_LEVELS)}")
         if self.kubelet_refusal_hold < 0:
             problems.append(f"kubelet refusal hold must not be negative, got {self.kubelet_refusal_hold}")
+        if self.gc_max_defer < 0:
+            problems.append(f"gc max defer must not be negative, got {self.gc_max_defer}")
         if self.workers < 1:
             problems.append(f"workers must be at least 1, got {self.workers}")
         if not 0 < self.backoff_initial <= self.backoff_max:
@@ -220,6 +225,13 @@ TABLE: tuple[Setting, ...] = (
         "in-cluster config",
     ),
     Setting("workers", "GPU_SCHEDULER_WORKERS", _INT, "pods placed in parallel", "--workers"),
+    Setting(
+        "gc_max_defer",
+        "GPU_SCHEDULER_GC_MAX_DEFER",
+        _FLOAT,
+        "full garbage collections wait while pods are being placed, at most this long, s (0: Python's own)",
+        "--gc-max-defer",
+    ),
     Setting(
         "backoff_initial",
         "GPU_SCHEDULER_BACKOFF_INITIAL",

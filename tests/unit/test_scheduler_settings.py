@@ -40,6 +40,7 @@ def test_environment() -> None:
         "GPU_SCHEDULER_LOG_LEVEL": "debug",
         "KUBECONFIG": "/tmp/kc",
         "GPU_SCHEDULER_WORKERS": "8",
+        "GPU_SCHEDULER_GC_MAX_DEFER": "0",
     }
     s = load([], env)
     assert s.scheduler_name == "my-sched"
@@ -50,6 +51,8 @@ def test_environment() -> None:
     assert s.log_level == "DEBUG"
     assert s.kubeconfig == "/tmp/kc"
     assert s.workers == 8
+    assert s.gc_max_defer == 0
+    assert load([], {}).gc_max_defer == 300
 
 
 def test_explicit_lease_namespace_beats_pod_namespace() -> None:
@@ -75,6 +78,7 @@ def test_flags_override_environment() -> None:
         ({"GPU_SCHEDULER_RETRY_PERIOD": "0"}, "0 < retry period"),
         ({"GPU_SCHEDULER_LOG_LEVEL": "loud"}, "log level"),
         ({"GPU_SCHEDULER_WORKERS": "0"}, "workers"),
+        ({"GPU_SCHEDULER_GC_MAX_DEFER": "-1"}, "gc max defer must not be negative"),
         ({"GPU_SCHEDULER_BACKOFF_INITIAL": "90"}, "backoff"),
     ],
 )
