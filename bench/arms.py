@@ -76,6 +76,12 @@ class Run:
     # Seconds from the last pod seen created to the last seen bound (0 for the create arms): how
     # far the scheduler ends behind the creator (for E and C: behind the start, meaningless).
     end_lag: float = 0.0
+    # Arm A: p99 of the time each pod spent inside the gpu-scheduler (from its watch event to
+    # its Binding, the Binding's round trip left out: its "bound" log line), and p99 of the
+    # latencies less that time: what a scheduler taking no time at all would have measured on
+    # the same control plane in the same run (the p99 bound, bench/report.py).
+    own_p99: float = float("nan")
+    p99_without_own: float = float("nan")
 
     @property
     def correct(self) -> bool:
@@ -180,8 +186,12 @@ def run_bind_arm(
     cpu: Callable[[], dict[str, float]] | None = None,
     hold: Callable[[], None] | None = None,
     go: Callable[[], float] | None = None,
+    own: Callable[[str, int], dict[str, float]] | None = None,
 ) -> Run:
     """Create ``pods`` in ``namespace`` (fresh, empty) and wait until all are bound.
+
+    ``own(namespace, count)``: each pod's seconds inside the scheduler (arm A), for the
+    ``own_p99`` and ``p99_without_own`` of the run.
 
     Arm E (the gpu-scheduler on existing pods, C's counterpart): ``hold()`` keeps the
     scheduler from placing anything (its Lease is held by someone else) while the pods are
@@ -256,6 +266,12 @@ def run_bind_arm(
     run.cpu = cpu_used
     run.watch_resumed = watch.resumed
     run.end_lag = max(0.0, last - max(watch.seen.values()))
+    if own is not None and arm != "E":
+        spent = own(namespace, len(pods))
+        by_pod = dict(zip(nodes, latencies, strict=True))
+        if spent:
+            run.own_p99 = percentile(list(spent.values()), 99)
+            run.p99_without_own = percentile([lat - spent.get(n, 0.0) for n, lat in by_pod.items()], 99)
     run.problems = check_placement(raw, namespace, pods)
     return run
 

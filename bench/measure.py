@@ -4,9 +4,28 @@ the summary of a py-spy profile (samples per function and per area)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
+
+
+def own_times(log_lines: list[str], namespace: str) -> dict[str, float]:
+    """Each pod of ``namespace`` the scheduler bound: the seconds it spent inside the scheduler,
+    from the watch event that showed it pending to its Binding's answer, less the Binding's
+    round trip (``latency_s - bind_s`` of its "bound" log line): queue, decision, reservation."""
+    spent: dict[str, float] = {}
+    prefix = f'"{namespace}/'
+    for line in log_lines:
+        if '"msg":"bound"' not in line or prefix not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            ns, _, name = str(rec.get("pod", "")).partition("/")
+            latency, bind = rec.get("latency_s"), rec.get("bind_s")
+            if ns == namespace and isinstance(latency, (int, float)) and isinstance(bind, (int, float)):
+                spent[name] = max(0.0, latency - bind)
+    return spent
 
 
 def rss_mib(pid: int) -> float:

@@ -64,6 +64,26 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
             ("p99 create-to-bound A/B2 (lower is better)", p99, "A", "B2", "<= 1.0"),
         ]
         rows += [(what, plan.label, _ratio(m[x], m[y]), target) for what, m, x, y, target in specs]
+        a_runs = [r for r in runs_of(results, "A", plan.key) if not math.isnan(r.p99_without_own)]
+        if a_runs:
+            rows.append(
+                (
+                    "bound for a gpu-scheduler taking no time at all: p99 A/B2 with each pod's time "
+                    "inside the gpu-scheduler taken out of its latency (the control plane's share)",
+                    plan.label,
+                    _ratio(_med([r.p99_without_own for r in a_runs]), p99["B2"]),
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    "p99 of a pod's time inside the gpu-scheduler (event to Binding, its round trip "
+                    "left out), ms (not a ratio)",
+                    plan.label,
+                    _med([r.own_p99 for r in a_runs]) * 1000,
+                    "",
+                )
+            )
         lag = _med([r.end_lag for r in runs_of(results, "A", plan.key)])
         rows.append(
             (

@@ -291,7 +291,7 @@ class Scheduler:
         if placed.outcome is Outcome.TAKEN and placed.decision is not None:
             self._refuse(pod, placed.decision)
         elif placed.bound:
-            self._bound(pod, decision, first_seen, placed.outcome is Outcome.ALREADY)
+            self._bound(pod, decision, first_seen, placed.outcome is Outcome.ALREADY, placed.bind_s)
         elif placed.outcome is Outcome.FAILED and placed.error is not None:
             delay = self.backoff.next(pod_key(pod))
             self.report.api_failure(pod, entry.node, placed.error, delay)
@@ -309,7 +309,12 @@ class Scheduler:
         return self.queue.busy() or time.monotonic() - self._last_bind < BURST_GAP_S
 
     def _bound(
-        self, pod: Mapping[str, Any], decision: Decision, first_seen: float | None, already: bool
+        self,
+        pod: Mapping[str, Any],
+        decision: Decision,
+        first_seen: float | None,
+        already: bool,
+        bind_s: float | None = None,
     ) -> None:
         entry = decision.entry
         assert entry is not None
@@ -317,7 +322,8 @@ class Scheduler:
         now = time.monotonic()
         if not already:
             self._last_bind = now
-        self.report.bound(pod, decision, now - first_seen if first_seen is not None else None, already)
+        latency = now - first_seen if first_seen is not None else None
+        self.report.bound(pod, decision, latency, already, bind_s)
         self._clear(pod)
 
     def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:

@@ -13,6 +13,7 @@ that lost its Lease while deciding never binds.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class Placed:
     node: str | None = None  # where the pod is bound (BOUND, ALREADY, ELSEWHERE)
     error: BaseException | None = None
     kept: bool = False  # FAILED with the reservations kept (5xx, no answer)
+    bind_s: float | None = None  # the Binding's round trip (BOUND, ALREADY): the apiserver's share
 
     @property
     def bound(self) -> bool:
@@ -104,6 +106,7 @@ class Placement:
             if reserved:
                 self.cancel(pod)
             return Placed(Outcome.NOT_LEADER, decision)
+        sent = time.monotonic()
         try:
             result = self.writer.bind(pod, node)
         except Exception as err:
@@ -113,10 +116,11 @@ class Placement:
                 self.cancel(pod)  # refused (4xx): nothing was bound
             outcome = Outcome.NOT_FOUND if kind is ApiError.NOT_FOUND else Outcome.FAILED
             return Placed(outcome, decision, node, error=err, kept=reserved and kept)
+        took = time.monotonic() - sent
         if result.outcome is BindOutcome.BOUND:
-            return Placed(Outcome.BOUND, decision, node)
+            return Placed(Outcome.BOUND, decision, node, bind_s=took)
         if result.outcome is BindOutcome.ALREADY:
-            return Placed(Outcome.ALREADY, decision, node)
+            return Placed(Outcome.ALREADY, decision, node, bind_s=took)
         if reserved:
             self.cancel(pod)
         if result.outcome is BindOutcome.ELSEWHERE:

@@ -75,7 +75,16 @@ class Reporter:
         log.error("pod bound elsewhere", extra={"pod": pod_key(pod), "node": node, "mapped": str(entry)})
         self._events.warning(pod, FAILED_SCHEDULING, message)
 
-    def bound(self, pod: Mapping[str, Any], decision: Decision, latency: float | None, already: bool) -> None:
+    def bound(
+        self,
+        pod: Mapping[str, Any],
+        decision: Decision,
+        latency: float | None,
+        already: bool,
+        bind_s: float | None = None,
+    ) -> None:
+        """``latency``: from first seeing the pod pending to now; ``bind_s``: of which its
+        Binding's round trip (the rest was spent in this process: queue, decision, reservation)."""
         entry = decision.entry
         assert entry is not None
         key = pod_key(pod)
@@ -100,6 +109,7 @@ class Reporter:
                 "gpus": entry.devices,
                 "ordinal": entry.ordinal,
                 "latency_s": round(latency, 4) if latency is not None else None,
+                "bind_s": round(bind_s, 4) if bind_s is not None else None,
             },
         )
 

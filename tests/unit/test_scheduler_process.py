@@ -9,7 +9,9 @@ leader or for a pod admitted without its GPU variables.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -67,9 +69,11 @@ class Writer:
         self.conditions: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.answers: list[BindResult | BaseException] = []
+        self.delay = 0.0  # seconds each Binding takes
 
     def bind(self, pod: Mapping[str, Any], node: str) -> BindResult:
         self.binds.append((Cache.key(pod), node))
+        time.sleep(self.delay)
         answer = self.answers.pop(0) if self.answers else BindResult(BindOutcome.BOUND, node)
         if isinstance(answer, BaseException):
             raise answer
@@ -162,6 +166,23 @@ def test_a_mapped_pod_is_bound_to_its_node_and_holds_its_gpus(world: World) -> N
     assert world.events.reasons() == ["Scheduled"]
     assert "replica 0" in world.events.sent[0][3]
     assert world.retries() == 0 and len(world.sched.waiting) == 0
+
+
+def test_the_bound_log_line_splits_the_latency_into_the_binding_and_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``latency_s`` (first seen pending to bound) and ``bind_s`` (the Binding's round trip):
+    the difference is the pod's time inside the scheduler, which ``make bench`` takes out of
+    arm A's latencies for the p99 bound (bench/measure.py ``own_times``)."""
+    world = World([pod("w-0", "0=node1:0,1")], [node("node1")], require_injection=False)
+    world.sched._pod_changed(None, world.pods.objs["ns/w-0"])  # first seen now
+    world.writer.delay = 0.05
+    time.sleep(0.02)  # in the queue
+    with caplog.at_level(logging.INFO, logger="gpu_scheduler"):
+        world.sched.process("ns/w-0")
+    (line,) = [r for r in caplog.records if r.getMessage() == "bound"]
+    latency, bind = line.__dict__["latency_s"], line.__dict__["bind_s"]
+    assert 0.05 <= bind < latency and latency - bind >= 0.02, (latency, bind)
 
 
 def test_a_held_gpu_refuses_with_the_reason_the_condition_and_a_retry(world: World) -> None:

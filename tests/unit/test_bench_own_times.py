@@ -1,0 +1,51 @@
+"""``bench.measure.own_times``: each pod's time inside the scheduler, from its "bound" log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from bench.arms import Run
+from bench.measure import own_times
+from bench.report import ratios
+from bench.scales import SCALES, Results
+from gpu_scheduling.logs import JsonFormatter
+
+
+def line(msg: str, **fields: object) -> str:
+    record = logging.LogRecord("gpu_scheduler", logging.INFO, __file__, 1, msg, None, None)
+    record.__dict__.update(fields)
+    return JsonFormatter().format(record)
+
+
+def test_latency_less_the_binding_for_the_namespaces_bound_pods_only() -> None:
+    lines = [
+        line("bound", pod="b-a-1/w0-0", node="n1", latency_s=0.12, bind_s=0.05),
+        line("bound", pod="b-a-1/w0-1", node="n1", latency_s=0.03, bind_s=0.03),
+        line("bound", pod="b-a-10/w0-2", node="n1", latency_s=0.5, bind_s=0.1),  # another namespace
+        line("already bound", pod="b-a-1/w0-3", latency_s=0.5, bind_s=0.1),
+        line("bound", pod="b-a-1/w0-4", latency_s=0.2, bind_s=None),  # no Binding timed
+        line("refused", pod="b-a-1/w0-5", reason="GPUInUse"),
+        "not json",
+    ]
+    spent = own_times(lines, "b-a-1")
+    assert spent.keys() == {"w0-0", "w0-1"}
+    assert math.isclose(spent["w0-0"], 0.07) and spent["w0-1"] == 0.0
+    assert json.loads(lines[0])["msg"] == "bound"  # the formatter the scheduler logs with
+
+
+def run(arm: str, p99: float, without: float = math.nan) -> Run:
+    r = Run(arm, "n100-p500-r1", 0, 500, 5.0, 100.0, 0.05, p99)
+    r.p99_without_own, r.own_p99 = without, (p99 - without if not math.isnan(without) else math.nan)
+    return r
+
+
+def test_the_p99_bound_is_a_without_its_own_time_over_b2() -> None:
+    results = Results("default", "", "", {}, runs=[run("A", 0.2, 0.18), run("B2", 0.15)])
+    rows = {(what, where): value for what, where, value, _ in ratios(results, SCALES["default"])}
+    plan = "100 nodes, 500 pods, 1/node"
+    bound = next(v for (w, p), v in rows.items() if p == plan and w.startswith("bound for a gpu-scheduler"))
+    own = next(v for (w, p), v in rows.items() if p == plan and w.startswith("p99 of a pod's time inside"))
+    assert math.isclose(bound, 0.18 / 0.15) and math.isclose(own, 20.0)
+    assert math.isclose(rows[("p99 create-to-bound A/B2 (lower is better)", plan)], 0.2 / 0.15)
