@@ -102,8 +102,10 @@ def summarise_profile(text: str, top: int = 15) -> dict[str, Any]:
 
 
 # Leaf frames of a thread that is blocked, not running: left out of the counts (py-spy's own
-# idle detection misses waits on locks and TLS reads).
+# idle detection misses waits on locks and TLS reads). ``Handler.acquire``: a logging
+# handler's RLock, taken in C: a thread shown there waits for another thread's log line.
 _WAITING = (
+    "Handler.acquire ",
     "Condition.wait ",
     "Event.wait ",
     "SSLSocket.read ",
