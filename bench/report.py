@@ -64,6 +64,18 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
             ("p99 create-to-bound A/B2 (lower is better)", p99, "A", "B2", "<= 1.0"),
         ]
         rows += [(what, plan.label, _ratio(m[x], m[y]), target) for what, m, x, y, target in specs]
+        for against in ("L", "B2"):
+            free = free_scheduler_bound(results, plan.key, against)
+            if free is not None:
+                rows.append(
+                    (
+                        f"bound for a gpu-scheduler costing no CPU at all: A/{against} from the CPU "
+                        "per pod of everything else (on these shared cores throughput ~ 1 / CPU per pod)",
+                        plan.label,
+                        free,
+                        "",
+                    )
+                )
         a_runs = [r for r in runs_of(results, "A", plan.key) if not math.isnan(r.p99_without_own)]
         if a_runs:
             rows.append(
@@ -154,6 +166,23 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
             )
         )
     return rows
+
+
+def free_scheduler_bound(results: Results, plan: str, against: str = "L") -> float | None:
+    """The A/``against`` throughput ratio a gpu-scheduler of zero CPU cost would reach in this
+    run. A, L and B2 all compete with the creator for the same cores, so throughput ~ 1 / (CPU
+    per pod of everything): A's CPU per pod without the gpu-scheduler's own column, against
+    the other arm's. For L the gpu-scheduler's column (it only watches) is left out of both;
+    for B2 everything of B2 stays, its scheduler included."""
+    a_runs, b_runs = runs_of(results, "A", plan), runs_of(results, against, plan)
+    if not a_runs or not b_runs or not a_runs[0].cpu or not b_runs[0].cpu:
+        return None
+
+    def per_pod(runs: list[Run], skip: str) -> float:
+        return _med([sum(v for k, v in r.cpu.items() if k != skip) / r.pods for r in runs])
+
+    theirs = per_pod(b_runs, "gpu-scheduler" if against == "L" else "")
+    return _ratio(theirs, per_pod(a_runs, "gpu-scheduler"))
 
 
 def free_webhook_bound(results: Results, entries: int) -> float | None:
@@ -276,6 +305,7 @@ COMPONENTS = (
     "etcd",
     "kube-controller-manager",
     "kube-scheduler",
+    "kube-scheduler-tuned",
     "kwok",
     "gpu-scheduler",
     "gpu-scheduler-webhook",

@@ -49,3 +49,30 @@ def test_the_p99_bound_is_a_without_its_own_time_over_b2() -> None:
     own = next(v for (w, p), v in rows.items() if p == plan and w.startswith("p99 of a pod's time inside"))
     assert math.isclose(bound, 0.18 / 0.15) and math.isclose(own, 20.0)
     assert math.isclose(rows[("p99 create-to-bound A/B2 (lower is better)", plan)], 0.2 / 0.15)
+
+
+def test_the_cpu_bounds_leave_the_gpu_schedulers_own_cpu_out() -> None:
+    a, l_ = run("A", 0.2), run("L", 0.1)
+    # CPU seconds over the 500 pods: A's other processes 8.0 s and its own 1.0 s; L's 7.5 s
+    # and the gpu-scheduler, idle, 0.1 s.
+    a.cpu = {"kube-apiserver": 5.0, "etcd": 1.0, "kwok": 2.0, "gpu-scheduler": 1.0}
+    l_.cpu = {"kube-apiserver": 4.5, "etcd": 1.0, "kwok": 2.0, "gpu-scheduler": 0.1}
+    b2 = run("B2", 0.15)
+    b2.cpu = {
+        "kube-apiserver": 5.5,
+        "etcd": 1.0,
+        "kwok": 2.0,
+        "kube-scheduler-tuned": 0.5,
+        "gpu-scheduler": 0.1,
+    }
+    results = Results("default", "", "", {}, runs=[a, l_, b2])
+    rows = {(what, where): value for what, where, value, _ in ratios(results, SCALES["default"])}
+    plan = "100 nodes, 500 pods, 1/node"
+
+    def bound(arm: str) -> float:
+        prefix = f"bound for a gpu-scheduler costing no CPU at all: A/{arm} "
+        return next(v for (w, p), v in rows.items() if p == plan and w.startswith(prefix))
+
+    assert math.isclose(bound("L"), 7.5 / 8.0)
+    # B2 keeps all of its own CPU, its scheduler's included; A loses the gpu-scheduler's.
+    assert math.isclose(bound("B2"), 9.1 / 8.0)
