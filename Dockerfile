@@ -20,9 +20,8 @@ COPY requirements/runtime.txt requirements/runtime.txt
 RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary=:all: \
       -r requirements/runtime.txt
 COPY pyproject.toml README.md ./
-COPY gpu_scheduling/ gpu_scheduling/
-COPY scheduler/ scheduler/
-COPY webhook/ webhook/
+COPY LICENSE ./
+COPY kube_gpu_scheduler/ kube_gpu_scheduler/
 # An isolated PEP 517 build (pip fetches the build backend). Then the wheel itself, with no
 # index: pip installs nothing more, and finds every requirement of gpu-scheduler[nvml]
 # (extras of extras too, such as gunicorn[gevent]) already installed from the lock, or
@@ -33,7 +32,7 @@ COPY webhook/ webhook/
 # kubernetes' API modules, webhook workers OOM-killed under the chart's 256Mi limit.
 RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && /opt/venv/bin/pip install --no-cache-dir --no-index \
-      "$(find /wheels -name 'gpu_scheduler-*.whl')[nvml]" \
+      "$(find /wheels -name 'kube_gpu_scheduler-*.whl')[nvml]" \
     && /opt/venv/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/venv/lib
 
 # ---- stage 2: runtime, non-root, read-only root filesystem friendly

@@ -31,8 +31,8 @@ import urllib3
 
 from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
-from gpu_scheduling.injection import held_devices, plain_env, pod_containers
-from gpu_scheduling.schedmap import GPU
+from kube_gpu_scheduler.domain.injection import held_devices, plain_env, pod_containers
+from kube_gpu_scheduler.domain.schedmap import GPU
 
 ARMS = ("A", "E", "B", "B2", "C", "L")
 ARM_NAMES = {

@@ -120,7 +120,7 @@ _THREAD_FRAMES = ("Thread._bootstrap", "Thread.run ", "Thread._bootstrap_inner")
 _AREAS = (
     ("json/", "json (de)serialisation"),
     # orjson is C: its time shows in the Python frame that calls it.
-    ("decode (gpu_scheduling/kube/jsonio.py", "json (de)serialisation"),
+    ("decode (kube_gpu_scheduler/kube/jsonio.py", "json (de)serialisation"),
     ("kubernetes/client/api_client", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/client/models", "kubernetes client: models and (de)serialisation"),
     ("kubernetes/", "kubernetes client: other"),
@@ -129,7 +129,7 @@ _AREAS = (
     ("socket.py", "sockets"),
     ("http/client", "http.client"),
     ("logging/", "logging"),
-    ("gpu_scheduling/", "gpu_scheduling (map, injection)"),
+    ("kube_gpu_scheduler/", "kube_gpu_scheduler (map, injection)"),
     ("prometheus_client/", "prometheus_client"),
     ("threading.py", "threading (locks, conditions)"),
     ("queue.py", "threading (locks, conditions)"),
@@ -137,7 +137,7 @@ _AREAS = (
 
 
 # The project's own code, named by module: the scheduler's, and the kube layer it runs on.
-_OWN_CODE = ("gpu_scheduling/kube/", "scheduler/")
+_OWN_CODE = ("kube_gpu_scheduler/kube/", "kube_gpu_scheduler/scheduler/")
 
 
 def _own_module(frame: str) -> str | None:
@@ -153,7 +153,7 @@ def area_of(frames: list[str]) -> str:
     leaf = frames[-1]
     for needle, area in _AREAS:
         if needle in leaf:
-            return (_own_module(leaf) or area) if needle == "gpu_scheduling/" else area
+            return (_own_module(leaf) or area) if needle == "kube_gpu_scheduler/" else area
     for frame in reversed(frames):
         if own := _own_module(frame):
             return own

@@ -22,10 +22,10 @@ import urllib3
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kube.backoff import Backoff
-from gpu_scheduling.kube.errors import ApiError as KubeApiError
-from gpu_scheduling.kube.errors import api_error
-from gpu_scheduling.kube.informer import Informer
+from kube_gpu_scheduler.kube.backoff import Backoff
+from kube_gpu_scheduler.kube.errors import ApiError as KubeApiError
+from kube_gpu_scheduler.kube.errors import api_error
+from kube_gpu_scheduler.kube.informer import Informer
 
 JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 # Statuses worth a retry while the apiserver is busy (throttling, timeouts).
@@ -158,7 +158,7 @@ def _slim_pod(obj: dict[str, Any]) -> dict[str, Any]:
 class PodWatch:
     """A watch on the pods of one namespace; records when each pod was first seen and first bound.
 
-    An :class:`~gpu_scheduling.kube.informer.Informer` of the namespace's pods (list,
+    An :class:`~kube_gpu_scheduler.kube.informer.Informer` of the namespace's pods (list,
     then watch; resumed from the last resourceVersion when the apiserver ends it: a
     consumer it finds too slow on saturated cores is closed, "Forcing pods watcher close
     due to unresponsiveness"; listed again on 410). Times are ``time.monotonic()`` at

@@ -353,7 +353,7 @@ def profile_section(results: Results) -> str:
         "lock, a TLS read or a poll are left out: a blocked thread costs no CPU). Raw stacks: "
         f"`{Path(prof.get('raw_file', '')).name}` in the run's work directory.",
         "",
-        "Self samples by area (the leaf frame's package; `scheduler/…` and `gpu_scheduling/kube/…` are the project's own code):",
+        "Self samples by area (the leaf frame's package; `scheduler/…` and `kube_gpu_scheduler/kube/…` are the project's own code):",
         "",
         "| area | samples | share |",
         "|---|---|---|",

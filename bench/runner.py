@@ -46,7 +46,7 @@ from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
-from gpu_scheduling.kube.timefmt import micro_time
+from kube_gpu_scheduler.kube.timefmt import micro_time
 from localcluster.admission import POD_CREATE_RULE
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess

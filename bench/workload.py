@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_scheduling.podinfo import POD_INDEX_LABEL
-from gpu_scheduling.schedmap import ANNOTATION
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION
 
 PART_OF = "app.kubernetes.io/part-of"
 BENCH = "gpu-scheduler-bench"

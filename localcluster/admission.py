@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from gpu_scheduling.schedmap import ANNOTATION
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION
 
 Kind = Literal["Pod", "StatefulSet"]
 KINDS: dict[str, dict[str, str]] = {

@@ -16,7 +16,7 @@ With ``dra=True`` (``DEMO_ARGS=--dra``) it first publishes, on the kwok GPU node
 DeviceClass and ResourceSlices NVIDIA's DRA driver would (localcluster/dra.py), and installs the
 chart in DRA mode (``dra.enabled=true``): each replica gets a ResourceClaim naming its GPUs,
 kube-scheduler allocates it and binds the pod. A replica matches when it runs on its node and
-its claim is allocated exactly the devices its entry resolves to (gpu_scheduling.dra); the
+its claim is allocated exactly the devices its entry resolves to (kube_gpu_scheduler.domain.dra); the
 table shows each claim's devices with their PCI bus IDs and UUIDs, and ``gpu-scheduler-check
 verify-release --mode dra`` checks the same through the API before ``helm test``. Last, it
 installs gpu-scheduler-check-chart in DRA mode (``gpuScheduling.injectionMode=dra``, on GPUs the
@@ -35,15 +35,15 @@ from typing import Any
 
 import yaml
 
-from gpu_scheduling import dra
-from gpu_scheduling.injection import (
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.injection import (
     CUDA_DEVICE_ORDER,
     CUDA_VISIBLE_DEVICES,
     PCI_BUS_ID,
     format_devices,
     held_devices,
 )
-from gpu_scheduling.podinfo import entry_for
+from kube_gpu_scheduler.domain.podinfo import entry_for
 from localcluster import dra as dra_slices
 from localcluster.cluster import REPO, Cluster
 from localcluster.image import build as build_image
@@ -253,7 +253,7 @@ def verify_dra_release(cluster: Cluster, timeout: float) -> bool:
         [
             sys.executable,
             "-m",
-            "gpu_scheduling.check",
+            "kube_gpu_scheduler.check",
             "verify-release",
             "--namespace",
             DEMO_NS,

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_scheduling.dra import DEVICE_CLASS, DRIVER, PCI_ATTRIBUTE, PCI_DOMAIN
+from kube_gpu_scheduler.domain.dra import DEVICE_CLASS, DRIVER, PCI_ATTRIBUTE, PCI_DOMAIN
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 API_VERSION = f"{GROUP}/{VERSION}"

@@ -548,8 +548,8 @@ def observe(cluster: Cluster, tl: Timeline, apps: tuple[str, ...]) -> bool:
 
 
 def placement_table(cluster: Cluster) -> tuple[str, bool]:
-    from gpu_scheduling.injection import format_devices, held_devices
-    from gpu_scheduling.podinfo import entry_for
+    from kube_gpu_scheduler.domain.injection import format_devices, held_devices
+    from kube_gpu_scheduler.domain.podinfo import entry_for
 
     pods = get(cluster, "pods", "-n", CHECK_NS, "-l", "app.kubernetes.io/name=gpu-scheduler-check").get(
         "items", []

@@ -44,9 +44,8 @@ CONTEXT = (
     ".dockerignore",
     "pyproject.toml",
     "README.md",
-    "gpu_scheduling",
-    "scheduler",
-    "webhook",
+    "LICENSE",
+    "kube_gpu_scheduler",
 )
 OUT_DIR = REPO / "build" / "image"
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

@@ -24,7 +24,7 @@ import json
 import logging
 from pathlib import Path
 
-from gpu_scheduling.logs import setup as setup_logging
+from kube_gpu_scheduler.base.logs import setup as setup_logging
 
 log = logging.getLogger("localcluster.svcproxy")
 MAX_HEADER = 8192

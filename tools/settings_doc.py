@@ -3,7 +3,7 @@
 ``python tools/settings_doc.py`` prints them; ``python tools/settings_doc.py --write``
 rewrites the doc. ``tests/unit/test_settings_doc.py`` fails when the doc and the
 code differ. This lives outside the library because it imports every component's
-settings: :mod:`gpu_scheduling.config` (the mechanism) imports none of its users.
+settings: :mod:`kube_gpu_scheduler.base.config` (the mechanism) imports none of its users.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpu_scheduling.check import settings as check_settings
-from gpu_scheduling.config import markdown_table
-from scheduler import settings as scheduler_settings
-from webhook import settings as webhook_settings
+from kube_gpu_scheduler.base.config import markdown_table
+from kube_gpu_scheduler.check import settings as check_settings
+from kube_gpu_scheduler.scheduler import settings as scheduler_settings
+from kube_gpu_scheduler.webhook import settings as webhook_settings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "dev-interfaces.md"
 

@@ -9,7 +9,7 @@ Run on a machine with a GPU and its driver::
 imports what these tests do not need.)
 
 Skipped (only) when NVML cannot be initialised: no GPU hardware or driver here.
-The check runs as ``python -m gpu_scheduling.check`` so that no installed
+The check runs as ``python -m kube_gpu_scheduler.check`` so that no installed
 console script is needed; it is the same ``main``.
 """
 
@@ -78,7 +78,7 @@ def run_check(**env: str) -> subprocess.CompletedProcess[str]:
         **env,
     }
     return subprocess.run(
-        [sys.executable, "-m", "gpu_scheduling.check", "once"],
+        [sys.executable, "-m", "kube_gpu_scheduler.check", "once"],
         env=full,
         capture_output=True,
         text=True,

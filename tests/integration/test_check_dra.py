@@ -2,7 +2,7 @@
 chart's own helm-test identity (gpuScheduling.injectionMode=dra: get on resourceclaims, list on
 resourceslices).
 
-The claims are made with gpu_scheduling.dra.claim_body from the devices each entry resolves to
+The claims are made with kube_gpu_scheduler.domain.dra.claim_body from the devices each entry resolves to
 in the ResourceSlices localcluster/dra.py publishes, and kube-scheduler allocates them, so the
 check reads real allocations; a replica whose claim names another GPU than its entry fails.
 """
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_scheduling import dra
-from gpu_scheduling.schedmap import parse
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.schedmap import parse
 from localcluster import dra as slices
 from localcluster.cluster import REPO, Cluster
 from tests.integration.test_check_cluster import (
@@ -37,9 +37,18 @@ pytestmark = pytest.mark.cluster
 
 
 def verify_release(kubeconfig: Path, args: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
-    """The chart's test command, from this checkout (``python -m gpu_scheduling.check``)."""
+    """The chart's test command, from this checkout (``python -m kube_gpu_scheduler.check``)."""
     return subprocess.run(
-        [sys.executable, "-m", "gpu_scheduling.check", *args, "--timeout", str(timeout), "--interval", "1"],
+        [
+            sys.executable,
+            "-m",
+            "kube_gpu_scheduler.check",
+            *args,
+            "--timeout",
+            str(timeout),
+            "--interval",
+            "1",
+        ],
         env=host_env({"KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(REPO)}),
         capture_output=True,
         text=True,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_scheduling import dra
-from gpu_scheduling.podinfo import entry_for
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.podinfo import entry_for
 from localcluster import dra as localdra
 from localcluster.cluster import REPO, Cluster, tool
 from localcluster.procs import ManagedProcess

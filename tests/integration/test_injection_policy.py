@@ -1,5 +1,5 @@
 """injection.mode policy on the real kube-apiserver: the chart's MutatingAdmissionPolicy and map
-ValidatingAdmissionPolicies agree with the parser (gpu_scheduling.schedmap.parse, the one grammar)
+ValidatingAdmissionPolicies agree with the parser (kube_gpu_scheduler.domain.schedmap.parse, the one grammar)
 and with the webhook.
 
 The chart is rendered twice in policy mode, once per device mode (`cuda` for the scheduler
@@ -14,7 +14,7 @@ returns the object it would store, without storing it.
   stay with the scheduler);
 * 10,000 seeded maps (tests/support/mapcorpus.py): where the parser accepts a map, each replica
   looked at (its ordinal in the pod-index label) gets exactly its entry's variables
-  (gpu_scheduling.injection.desired_env) and a replica without an entry none; where the parser
+  (kube_gpu_scheduler.domain.injection.desired_env) and a replica without an entry none; where the parser
   refuses it, the pod is refused (the refusal names the line), never admitted with devices;
 * the largest map the apiserver stores (256 KiB of annotations): admitted within the CEL cost
   limits, with the time per admission printed (3 entries, 3,000 entries, the maximum);
@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpu_scheduling.injection import (
+from kube_gpu_scheduler.domain.injection import (
     CUDA_DEVICE_ORDER,
     CUDA_VISIBLE_DEVICES,
     NVIDIA_VISIBLE_DEVICES,
@@ -50,9 +50,9 @@ from gpu_scheduling.injection import (
     desired_env,
     plain_env,
 )
-from gpu_scheduling.podinfo import POD_INDEX_LABEL
-from gpu_scheduling.rules import pci_needs_dra
-from gpu_scheduling.schedmap import ANNOTATION, MapError, excerpt, parse
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
+from kube_gpu_scheduler.domain.rules import pci_needs_dra
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, excerpt, parse
 from localcluster.cluster import Cluster
 from localcluster.rbac import render_chart
 from tests.support.mapcorpus import corpus, large_map, large_uuid
@@ -265,10 +265,10 @@ def apiserver(cluster: Cluster) -> Iterator[Apiserver]:
 
 
 def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
+    from kube_gpu_scheduler.webhook.app import create_app
+    from kube_gpu_scheduler.webhook.settings import Settings
     from localcluster.admission import admission_review
     from tests.unit import test_rules_table as table
-    from webhook.app import create_app
-    from webhook.settings import Settings
 
     app = create_app(Settings(scheduler_name=table.OURS), node_lookup=table.Nodes(table.NODES)).test_client()
     node_reasons = {"NodeNotFound", "NoGPUResource", "GPUOutOfRange"}

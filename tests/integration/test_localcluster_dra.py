@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import dra
+from kube_gpu_scheduler.domain import dra
 from localcluster import dra as slices
 from localcluster.cluster import Cluster
 from tests.support.waiting import wait_for

@@ -1,5 +1,5 @@
 """Day-2: a map edit that moves GPUs between the replicas of one StatefulSet rolls out by itself
-(scheduler/rollout.py), on the real apiserver with the StatefulSet controller and kwok nodes.
+(kube_gpu_scheduler/scheduler/rollout.py), on the real apiserver with the StatefulSet controller and kwok nodes.
 
 No GPU is ever held by two pods: a sampler reads every pod of the namespace through the API
 continuously (a list every ~10 ms) during the whole transition (a terminating pod still holds its GPUs) and
@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpu_scheduling.podinfo import entry_for
-from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT
+from kube_gpu_scheduler.domain.podinfo import entry_for
+from kube_gpu_scheduler.domain.rules import EVICTED_FOR_ROLLOUT
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from tests.integration.fixtures_scheduler import statefulset

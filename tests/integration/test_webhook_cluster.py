@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kube_gpu_scheduler.webhook.nodes import NodeCache, NodeInfo
 from localcluster.cluster import Cluster
 from tests.integration.fixtures_webhook import (
     WebhookServer,
@@ -23,7 +24,6 @@ from tests.integration.fixtures_webhook import (
     start_webhook,
 )
 from tests.support.waiting import wait_for
-from webhook.nodes import NodeCache, NodeInfo
 
 pytestmark = pytest.mark.cluster
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpu_scheduling.kube.errors import ApiError, api_error
+from kube_gpu_scheduler.kube.errors import ApiError, api_error
 
 
 def read_pod(kube: Any, namespace: str, name: str) -> dict[str, Any] | None:

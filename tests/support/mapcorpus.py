@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from gpu_scheduling.schedmap import GPU, MAX_GPU_INDEX, MAX_ORDINAL
+from kube_gpu_scheduler.domain.schedmap import GPU, MAX_GPU_INDEX, MAX_ORDINAL
 
 PLAIN_SPACE = (" ", "\t", "  ", " \t")
 # Whitespace to str.isspace() besides the plain ones ("\r" ends CRLF lines).

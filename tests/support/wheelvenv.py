@@ -40,7 +40,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 LOCK = REPO / "requirements" / "runtime.txt"
-PACKAGES = ("gpu_scheduling", "scheduler", "webhook")
+PACKAGES = ("kube_gpu_scheduler",)
 SCRIPTS = ("gpu-scheduler", "gpu-scheduler-webhook", "gpu-scheduler-map", "gpu-scheduler-check")
 # Third-party modules the programs import: each must come from the venv too.
 THIRD_PARTY = ("flask", "werkzeug", "gunicorn", "gevent", "packaging", "kubernetes", "orjson", "yaml")
@@ -200,7 +200,7 @@ def install_resolved(work: Path, extras: str = "") -> WheelVenv:
     dist = work / "dist"
     # An isolated PEP 517 build, as in the image (pip fetches the build backend from the index).
     _run([*pip, "wheel", "--no-deps", "-q", "-w", str(dist), str(src)], "pip wheel")
-    (wheel,) = dist.glob("gpu_scheduler-*.whl")
+    (wheel,) = dist.glob("kube_gpu_scheduler-*.whl")
     target = f"{wheel}[{extras}]" if extras else str(wheel)
     _run([*pip, "install", "-q", target], f"pip install {target}")
     how = f"pip install {wheel.name}{f'[{extras}]' if extras else ''} (dependencies resolved by pip)"
@@ -303,9 +303,9 @@ def install_image(work: Path, dockerfile: Path = DOCKERFILE) -> WheelVenv:
         else:
             pytest.fail(f"the Dockerfile's build stage has {ins.keyword}: teach install_image what it does")
     root = _stage_path(work, "/opt/venv")
-    (wheel,) = _stage_path(work, "/wheels").glob("gpu_scheduler-*.whl")
+    (wheel,) = _stage_path(work, "/wheels").glob("kube_gpu_scheduler-*.whl")
     how = f"the Dockerfile's build stage (lock with --require-hashes, then the wheel), base {python}"
     _check_scripts(root, how)
     # The lock holds the nvml extra's packages (make lock: --extra nvml), and the stage installs
-    # gpu_scheduler-*.whl[nvml].
+    # kube_gpu_scheduler-*.whl[nvml].
     return WheelVenv(root, wheel, how, python, ("nvml",))

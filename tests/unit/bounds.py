@@ -14,7 +14,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import TypeVar
 
-from gpu_scheduling.schedmap import MAX_MAP_BYTES
+from kube_gpu_scheduler.domain.schedmap import MAX_MAP_BYTES
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from bench.arms import Run
 from bench.measure import own_times
 from bench.report import ratios
 from bench.scales import SCALES, Results
-from gpu_scheduling.logs import JsonFormatter
+from kube_gpu_scheduler.base.logs import JsonFormatter
 
 
 def line(msg: str, **fields: object) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling.schedmap import ANNOTATION, parse
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, parse
 from tests.support.charts import (
     CHECK_CHART,
     KUBE_VERSIONS,

@@ -7,19 +7,19 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import nvml
-from gpu_scheduling.check import (
+from kube_gpu_scheduler.check import (
     Result,
     Settings,
     env_results,
     evaluate_release,
     expected_env,
     map_results,
+    nvml,
     nvml_results,
     passed,
     run_checks,
 )
-from gpu_scheduling.schedmap import Entry, parse
+from kube_gpu_scheduler.domain.schedmap import Entry, parse
 
 MAP = "0=node1:0,1\n1=node2:2\n2=node3:1,3"
 
@@ -167,7 +167,7 @@ def test_nvidia_mode() -> None:
         "env:CUDA_DEVICE_ORDER",
     ]
     assert passed(results)
-    # What the webhook writes and the scheduler requires (gpu_scheduling.injection): the order too.
+    # What the webhook writes and the scheduler requires (kube_gpu_scheduler.domain.injection): the order too.
     unordered = map_results(Settings(**{**s.__dict__, "cuda_device_order": None}))[0]
     assert by_check(unordered)["env:CUDA_DEVICE_ORDER"].ok is False
     # Physical indices in CUDA_VISIBLE_DEVICES are wrong in nvidia mode.
@@ -619,7 +619,7 @@ def test_release_pod_without_owner_uses_its_annotation() -> None:
 
 
 def test_log_result_survives_reserved_keys(caplog: pytest.LogCaptureFixture) -> None:
-    from gpu_scheduling.check import log_result
+    from kube_gpu_scheduler.check import log_result
 
     with caplog.at_level("INFO"):
         log_result(Result("x", 1, 2, False, "ns/p", {"message": "m", "name": "n"}))

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import check, nvml
+from kube_gpu_scheduler import check
+from kube_gpu_scheduler.check import nvml
 from localcluster.cluster import free_port
 from tests.support.fakenvml import nvml_env
 

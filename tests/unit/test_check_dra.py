@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpu_scheduling import dra, nvml
-from gpu_scheduling.check import evaluate_release, map_results, nvml_results, passed
-from gpu_scheduling.check.verify_release import DraState
-from gpu_scheduling.schedmap import Entry
+from kube_gpu_scheduler.check import evaluate_release, map_results, nvml, nvml_results, passed
+from kube_gpu_scheduler.check.verify_release import DraState
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.schedmap import Entry
 from localcluster import dra as slices
 from tests.unit.test_check import by_check, fake_pynvml, settings, sts
 
@@ -190,7 +190,7 @@ def test_release_dra_env_has_no_cuda_visible_devices() -> None:
 def dry_run_answer(
     *, claim: bool = True, container_claim: bool = True, env: list[dict] | None = None
 ) -> dict:
-    from gpu_scheduling.check.wait_ready import probe_pod
+    from kube_gpu_scheduler.check.wait_ready import probe_pod
     from tests.unit.test_check_wait_ready import target
 
     pod = probe_pod(target())
@@ -204,8 +204,8 @@ def dry_run_answer(
 
 
 def test_wait_ready_in_dra_mode_waits_for_the_claim_reference() -> None:
-    from gpu_scheduling.check.cli import build_parser
-    from gpu_scheduling.check.wait_ready import build_target, injected_text, injection_problem
+    from kube_gpu_scheduler.check.cli import build_parser
+    from kube_gpu_scheduler.check.wait_ready import build_target, injected_text, injection_problem
 
     t = build_target(build_parser().parse_args(["wait-ready", "-n", "ns", "--map", MAP, "--mode", "dra"]))
     assert t.dra
@@ -236,7 +236,7 @@ def test_wait_ready_in_dra_mode_waits_for_the_claim_reference() -> None:
 def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
     # The injection policy in DRA mode mutates only a pod whose name is known at admission
     # (the claim is <pod>-gpus); generateName is filled in after admission.
-    from gpu_scheduling.check.wait_ready import probe_pod
+    from kube_gpu_scheduler.check.wait_ready import probe_pod
     from tests.unit.test_check_wait_ready import target
 
     meta = probe_pod(replace(target(), dra=True))["metadata"]

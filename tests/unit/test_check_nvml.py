@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpu_scheduling.check import Settings
-from gpu_scheduling.check.seen import TERMINATION_MESSAGE_LIMIT, termination_message
+from kube_gpu_scheduler.check import Settings
+from kube_gpu_scheduler.check.seen import TERMINATION_MESSAGE_LIMIT, termination_message
 from localcluster.cluster import free_port
 from tests.support.fakenvml import default_bus_id, default_uuid, nvml_env
 

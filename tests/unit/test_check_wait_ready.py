@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling.check.cli import build_parser, main
-from gpu_scheduling.check.wait_ready import (
+from kube_gpu_scheduler.check.cli import build_parser, main
+from kube_gpu_scheduler.check.wait_ready import (
     LeaseTracker,
     Poll,
     Target,
@@ -24,8 +24,8 @@ from gpu_scheduling.check.wait_ready import (
     probe_pod,
     ready_summary,
 )
-from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
-from gpu_scheduling.schedmap import ANNOTATION, parse
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, entry_for
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, parse
 
 NOW = datetime(2026, 9, 20, 10, 0, 0, tzinfo=UTC)
 NS, NAME = "gpu-scheduler-system", "gpu-scheduler"

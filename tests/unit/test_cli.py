@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_scheduling.cli import check_input
+from kube_gpu_scheduler.mapcli.cli import check_input
 
 MAP_CMD = Path(sys.executable).parent / "gpu-scheduler-map"
 
@@ -250,7 +250,7 @@ def test_warnings_about_scheduler_name_and_gpu_requests(tmp_path: Path) -> None:
     path = write(tmp_path, "sts.yaml", text)
     res = run("validate", str(path))
     assert res.returncode == 0
-    # The webhook's words (gpu_scheduling.rules), at the field's line.
+    # The webhook's words (kube_gpu_scheduler.domain.rules), at the field's line.
     assert (
         "spec.template.spec.schedulerName is not set: the default scheduler will place these pods"
         in res.stderr

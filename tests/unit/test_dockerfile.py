@@ -59,7 +59,7 @@ def test_build_stage_installs_the_hashed_lock_then_the_wheel_with_no_index() -> 
     (lock,) = [i for i, c in enumerate(runs) if "-r requirements/runtime.txt" in c]
     for flag in ("--require-hashes", "--no-deps", "--only-binary=:all:"):
         assert flag in runs[lock], flag
-    (wheel,) = [i for i, c in enumerate(runs) if re.search(r"pip install [^&]*gpu_scheduler-", c)]
+    (wheel,) = [i for i, c in enumerate(runs) if re.search(r"pip install [^&]*kube_gpu_scheduler-", c)]
     assert wheel > lock
     # No index: pip installs nothing beyond the lock, and fails when the lock misses a requirement.
     assert re.search(
@@ -72,7 +72,7 @@ def test_the_venv_is_compiled_hash_based_after_the_installs() -> None:
     whole seconds: timestamp-checked ones went stale, and every process recompiled those
     modules in memory (read-only root) at every start, 80 MB more per Python process."""
     runs = [i.args for i in build_stage(DOCKERFILE) if i.keyword == "RUN"]
-    (wheel,) = [c for c in runs if "gpu_scheduler-" in c]
+    (wheel,) = [c for c in runs if "kube_gpu_scheduler-" in c]
     compile_cmd = wheel[wheel.index("compileall") :]
     assert wheel.index("compileall") > wheel.index("pip install")
     assert "--invalidation-mode unchecked-hash" in compile_cmd and " -f " in compile_cmd, compile_cmd
@@ -92,7 +92,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     assert {".git", ".venv", "tests", "gpu-scheduler-chart", "gpu-scheduler-check-chart", "certs"} <= ignored
-    for needed in ("pyproject.toml", "README.md", "gpu_scheduling", "scheduler", "webhook", "requirements"):
+    for needed in ("pyproject.toml", "README.md", "LICENSE", "kube_gpu_scheduler", "requirements"):
         assert needed not in ignored
         assert (REPO / needed).exists() or needed == "README.md"
 
@@ -149,13 +149,14 @@ def test_wheel_carries_the_entry_points(tmp_path: Path) -> None:
     """What the image's first stage does: build the wheel from the files it copies."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
-    for package in ("gpu_scheduling", "scheduler", "webhook"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "kube_gpu_scheduler", src / "kube_gpu_scheduler", ignore=shutil.ignore_patterns("__pycache__")
+    )
     res = build_wheel(src, tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
-    (wheel,) = tmp_path.glob("gpu_scheduler-*.whl")
+    (wheel,) = tmp_path.glob("kube_gpu_scheduler-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         (ep,) = [n for n in names if n.endswith("entry_points.txt")]
@@ -166,5 +167,6 @@ def test_wheel_carries_the_entry_points(tmp_path: Path) -> None:
     # The local control plane is developer tooling: it is not shipped in the image.
     assert not [n for n in names if n.startswith("localcluster/")]
     assert "Provides-Extra: nvml" in metadata
-    for package in ("gpu_scheduling/", "scheduler/", "webhook/"):
-        assert any(n.startswith(package) for n in names), package
+    # One top-level import package, and nothing else at the top (a dist-info folder aside).
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"kube_gpu_scheduler"}, tops

@@ -1,4 +1,4 @@
-"""gpu_scheduling/dra.py: a map entry resolved against the GPUs a node publishes, and the claim."""
+"""kube_gpu_scheduler/domain/dra.py: a map entry resolved against the GPUs a node publishes, and the claim."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import dra
-from gpu_scheduling.schedmap import Entry, parse_gpu
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.schedmap import Entry, parse_gpu
 
 
 def device(minor: int, bus: str, uuid: str | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The fit arithmetic (gpu_scheduling/fit.py) and the node usage index (scheduler/usage.py).
+"""The fit arithmetic (kube_gpu_scheduler/domain/fit.py) and the node usage index (kube_gpu_scheduler/scheduler/usage.py).
 
 The cases follow kube-scheduler's own tests of PodRequests, NodeAffinity and NodePorts:
 each expectation is computed by hand from the Kubernetes rules, written next to it.
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import fit
-from gpu_scheduling.fit import HostPort, NodeTotals, PodFootprint
-from gpu_scheduling.rules import INSUFFICIENT_RESOURCES, NODE_AFFINITY, check_fit
-from gpu_scheduling.schedmap import parse
-from scheduler.usage import NodeUsage, compact, footprint
+from kube_gpu_scheduler.domain import fit
+from kube_gpu_scheduler.domain.fit import HostPort, NodeTotals, PodFootprint
+from kube_gpu_scheduler.domain.rules import INSUFFICIENT_RESOURCES, NODE_AFFINITY, check_fit
+from kube_gpu_scheduler.domain.schedmap import parse
+from kube_gpu_scheduler.scheduler.usage import NodeUsage, compact, footprint
 
 GI = 1 << 30
 

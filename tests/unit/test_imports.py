@@ -1,98 +1,190 @@
-"""The packages' import graph: the library imports none of its users, and nothing imports in a circle.
+"""The import graph: the layers of ``kube_gpu_scheduler`` as pyproject.toml declares them, no
+import cycle between any two of its modules, and no product code importing the dev tooling.
 
-Every ``.py`` file under the product packages and the dev tooling is parsed with
-:mod:`ast` (nothing is imported); each ``import``/``from ... import`` (at any
-depth, relative ones resolved) adds an edge between the top-level packages of
-the importing file and of the imported module.
+The contracts (which layer may import which) live in one place, ``[tool.importlinter]`` in
+pyproject.toml, and are checked here by import-linter itself (``lint-imports``). A layers
+contract does not see a cycle inside one layer, so the module graph is also walked with
+:mod:`ast` (every ``import`` at any depth, ``TYPE_CHECKING`` ones too, relative ones resolved)
+and searched for strongly connected components.
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT = ("gpu_scheduling", "scheduler", "webhook")
+PRODUCT = "kube_gpu_scheduler"
 TOOLING = ("bench", "localcluster")
-TOP = (*PRODUCT, *TOOLING, "tests")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+def module_name(path: Path, root: Path = REPO) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported(path: Path) -> Iterator[str]:
-    """Every module name ``path`` imports, relative imports made absolute."""
-    package = module_name(path).split(".")
+def imported(path: Path, root: Path = REPO) -> Iterator[str]:
+    """Every name ``path`` imports (``from a import b`` yields ``a.b``), relative ones made absolute."""
+    package = module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
             if node.level:
-                base = package[: len(package) - node.level + 1]
-                yield ".".join([*base, *([node.module] if node.module else [])])
-            elif node.module:
-                yield node.module
+                base = ".".join(
+                    [*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]
+                )
+            # ``from a import b``: the module a.b when there is one, else a (resolve() decides).
+            yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
-def package_graph() -> dict[str, set[str]]:
-    """Top-level package -> the other top-level packages (of TOP) its modules import."""
-    graph: dict[str, set[str]] = {p: set() for p in TOP}
-    for top in TOP:
-        for path in sorted((REPO / top).rglob("*.py")):
-            for name in imported(path):
-                target = name.split(".")[0]
-                if target in TOP and target != top:
-                    graph[top].add(target)
+def module_graph(root: Path = REPO, top: str = PRODUCT) -> dict[str, set[str]]:
+    """Module -> the modules of ``top`` it imports (a name resolves to the longest module it names)."""
+    modules = {module_name(p, root): p for p in sorted((root / top).rglob("*.py"))}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = {resolve(n) for n in imported(path, root) if n.split(".")[0] == top}
+        graph[name] = {t for t in targets if t and t != name}
     return graph
 
 
-def cycles(graph: dict[str, set[str]], nodes: tuple[str, ...]) -> list[list[str]]:
-    """Every elementary cycle among ``nodes`` (small graphs: a depth-first search from each node)."""
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
     found: list[list[str]] = []
-
-    def walk(path: list[str]) -> None:
-        for nxt in sorted(graph[path[-1]] & set(nodes)):
-            if nxt == path[0]:
-                found.append([*path, nxt])
-            elif nxt not in path and nxt > path[0]:
-                walk([*path, nxt])
-
-    for start in nodes:
-        walk([start])
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
     return found
 
 
-def test_every_package_is_walked() -> None:
-    for top in TOP:
-        assert (REPO / top / "__init__.py").is_file(), top
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def test_the_product_packages_import_in_no_circle() -> None:
-    assert cycles(package_graph(), PRODUCT) == []
+def test_the_declared_contracts_are_kept() -> None:
+    res = lint_imports(REPO)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    # Both contracts ran (a contract that is silently not loaded keeps nothing).
+    assert "Contracts: 2 kept, 0 broken." in res.stdout, res.stdout[-2000:]
 
 
-def test_the_library_imports_none_of_its_users() -> None:
-    assert package_graph()["gpu_scheduling"] == set()
+@pytest.mark.parametrize(
+    ("module", "planted"),
+    [
+        # the library importing a program
+        ("domain/schedmap.py", "from kube_gpu_scheduler.scheduler import core"),
+        # one program importing another
+        ("webhook/nodes.py", "from kube_gpu_scheduler.check import results"),
+        # base knowing of the domain
+        ("base/logs.py", "from kube_gpu_scheduler.domain import schedmap"),
+        # the domain doing I/O
+        ("domain/fit.py", "import urllib3"),
+    ],
+)
+def test_a_broken_contract_fails_the_lint(tmp_path: Path, module: str, planted: str) -> None:
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(REPO / PRODUCT, tmp_path / PRODUCT, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / PRODUCT / module
+    target.write_text(target.read_text() + f"\n\n{planted}  # noqa\n")
+    res = lint_imports(tmp_path)
+    assert res.returncode != 0, res.stdout[-2000:]
+    assert "BROKEN" in res.stdout
+
+
+def test_no_two_product_modules_import_each_other() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_the_cycle_search_finds_a_planted_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from p.sub import b\n")
+    # A TYPE_CHECKING import, relative, inside a block: still an edge.
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import a\n"
+    )
+    (pkg / "c.py").write_text("import p.a\n")
+    assert cycles(module_graph(tmp_path, "p")) == [["p.a", "p.sub.b"]]
+    assert cycles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
 
 
 def test_the_product_imports_no_dev_tooling_and_no_tests() -> None:
-    graph = package_graph()
-    for top in PRODUCT:
-        assert graph[top] & {*TOOLING, "tests"} == set(), top
+    for path in sorted((REPO / PRODUCT).rglob("*.py")):
+        tops = {name.split(".")[0] for name in imported(path)}
+        assert tops & {*TOOLING, "tests"} == set(), path
 
 
 def test_bench_imports_nothing_from_tests() -> None:
-    assert "tests" not in package_graph()["bench"]
+    for path in sorted((REPO / "bench").rglob("*.py")):
+        assert "tests" not in {name.split(".")[0] for name in imported(path)}, path
 
 
-def test_the_walk_sees_relative_and_nested_imports() -> None:
-    # The graph is only as good as the parser: a relative import and one inside a function count.
-    src = REPO / "gpu_scheduling" / "check" / "cli.py"
-    names = set(imported(src))
-    assert any(n.startswith("gpu_scheduling.") for n in names)
-    assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}, ("a", "b", "c")) == [["a", "b", "a"]]
+def test_one_top_level_package_ships() -> None:
+    """What pyproject.toml packages: kube_gpu_scheduler and its subpackages, nothing else."""
+    import tomllib
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find["include"] == [f"{PRODUCT}*"]
+    for old in ("gpu_scheduling", "scheduler", "webhook"):
+        assert not list((REPO / old).rglob("*.py")), f"{old}/ is back at the top of the checkout"

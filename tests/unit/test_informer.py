@@ -1,4 +1,4 @@
-"""gpu_scheduling.kube.informer against a scripted apiserver: no sockets, no apiserver.
+"""kube_gpu_scheduler.kube.informer against a scripted apiserver: no sockets, no apiserver.
 
 The fake list method answers list calls and watch calls from a script; a watch
 answer is a list of event lines (and exceptions, raised mid-stream). When the
@@ -18,9 +18,9 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kube.backoff import Backoff
-from gpu_scheduling.kube.errors import api_status
-from gpu_scheduling.kube.informer import Informer, Obj
+from kube_gpu_scheduler.kube.backoff import Backoff
+from kube_gpu_scheduler.kube.errors import api_status
+from kube_gpu_scheduler.kube.informer import Informer, Obj
 from tests.support.kubeapi import status
 
 Line = bytes | BaseException

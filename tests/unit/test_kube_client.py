@@ -1,4 +1,4 @@
-"""gpu_scheduling.kube.client and .errors: the loader's order and the error vocabulary."""
+"""kube_gpu_scheduler.kube.client and .errors: the loader's order and the error vocabulary."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kube.client import KubeConfigError, load_client
-from gpu_scheduling.kube.errors import ApiError, api_error, status_kind
+from kube_gpu_scheduler.kube.client import KubeConfigError, load_client
+from kube_gpu_scheduler.kube.errors import ApiError, api_error, status_kind
 
 
 def kubeconfig(path: Path, server: str) -> str:

@@ -1,4 +1,4 @@
-"""gpu_scheduling.kube.errors: the apiserver's Status (code, reason, message) kept, not only the code."""
+"""kube_gpu_scheduler.kube.errors: the apiserver's Status (code, reason, message) kept, not only the code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpu_scheduling.kube.errors import ApiError, ApiStatus, api_error, api_status, error_message, event_status
+from kube_gpu_scheduler.kube.errors import (
+    ApiError,
+    ApiStatus,
+    api_error,
+    api_status,
+    error_message,
+    event_status,
+)
 from tests.support.kubeapi import status
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_scheduling import dra
-from gpu_scheduling.schedmap import Entry, gpu_name
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.schedmap import Entry, gpu_name
 from localcluster import dra as slices
 
 

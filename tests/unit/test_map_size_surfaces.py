@@ -16,12 +16,17 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import cli
-from gpu_scheduling.schedmap import EXCERPT_CHARS, MAX_ERROR_CHARS, MAX_PROBLEMS_LISTED, parse_cache_clear
+from kube_gpu_scheduler.domain.schedmap import (
+    EXCERPT_CHARS,
+    MAX_ERROR_CHARS,
+    MAX_PROBLEMS_LISTED,
+    parse_cache_clear,
+)
+from kube_gpu_scheduler.mapcli import cli
+from kube_gpu_scheduler.webhook.app import create_app
+from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review, mapped_pod
 from tests.unit.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
-from webhook.app import create_app
-from webhook.settings import Settings
 
 SHAPES = ["one-long-line", "many-bad-lines", "duplicate-ordinals"]
 LIMIT_MESSAGE = "gpu-scheduling-map is 1048576 bytes, more than the 262144-byte limit"
@@ -182,7 +187,7 @@ def test_cli_quotes_an_excerpt_of_a_long_line(tmp_path: Path) -> None:
 
 MEASURE = """
 import contextlib, io, json, resource, sys, time
-from gpu_scheduling.cli import main
+from kube_gpu_scheduler.mapcli.cli import main
 err = io.StringIO()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
@@ -233,11 +238,11 @@ def _scheduler_pod(text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> None:
-    from gpu_scheduling.rules import INVALID_MAP, evaluate
-    from gpu_scheduling.schedmap import parse_cache_clear
-    from scheduler.binding import MESSAGE_LIMIT, truncate_message
-    from scheduler.events import NOTE_LIMIT, truncate
-    from scheduler.ledger import Ledger
+    from kube_gpu_scheduler.domain.rules import INVALID_MAP, evaluate
+    from kube_gpu_scheduler.domain.schedmap import parse_cache_clear
+    from kube_gpu_scheduler.scheduler.binding import MESSAGE_LIMIT, truncate_message
+    from kube_gpu_scheduler.scheduler.events import NOTE_LIMIT, truncate
+    from kube_gpu_scheduler.scheduler.ledger import Ledger
 
     pod = _scheduler_pod(malformed(MIB)[shape])
 
@@ -260,8 +265,8 @@ def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> No
 
 @pytest.mark.parametrize("shape", ["many-bad-lines", "duplicate-ordinals", "duplicate-gpus", "commas"])
 def test_scheduler_message_for_a_map_just_under_the_limit_is_bounded(shape: str) -> None:
-    from gpu_scheduling.rules import INVALID_MAP, evaluate
-    from scheduler.ledger import Ledger
+    from kube_gpu_scheduler.domain.rules import INVALID_MAP, evaluate
+    from kube_gpu_scheduler.scheduler.ledger import Ledger
 
     decision = evaluate(_scheduler_pod(malformed(UNDER_CAP)[shape]), {}, Ledger())
     assert decision.reason == INVALID_MAP

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gpu_scheduling", "scheduler", "webhook")
+PACKAGES = ("kube_gpu_scheduler",)
 DOC = ROOT / "docs" / "dev-interfaces.md"
-# A module path in backquotes: `gpu_scheduling/check/cli.py`, `scheduler/core.py`.
+# A module path in backquotes: `kube_gpu_scheduler/check/cli.py`, `kube_gpu_scheduler/scheduler/core.py`.
 NAMED = re.compile(r"`((?:" + "|".join(PACKAGES) + r")/[\w/]+\.py)`")
 
 
@@ -18,7 +18,7 @@ def test_every_product_module_is_in_the_module_map() -> None:
         p.relative_to(ROOT).as_posix()
         for pkg in PACKAGES
         for p in sorted((ROOT / pkg).rglob("*.py"))
-        if p.name != "__init__.py" or p.parent.name != pkg
+        if p.parent.name != pkg or p.name != "__init__.py"
     ]
     assert modules, "no modules found"
     missing = [m for m in modules if f"`{m}`" not in doc]
@@ -27,6 +27,6 @@ def test_every_product_module_is_in_the_module_map() -> None:
 
 def test_every_module_the_doc_names_exists() -> None:
     named = sorted(set(NAMED.findall(DOC.read_text())))
-    assert "gpu_scheduling/schedmap.py" in named, "the pattern finds no module"
+    assert "kube_gpu_scheduler/domain/schedmap.py" in named, "the pattern finds no module"
     gone = [m for m in named if not (ROOT / m).is_file()]
     assert not gone, f"docs/dev-interfaces.md names modules that do not exist: {gone}"

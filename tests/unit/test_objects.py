@@ -1,8 +1,8 @@
-"""gpu_scheduling.objects: the typed views answer from the dict, with the defaults written once."""
+"""kube_gpu_scheduler.domain.objects: the typed views answer from the dict, with the defaults written once."""
 
 from __future__ import annotations
 
-from gpu_scheduling.objects import Meta, Node, Pod
+from kube_gpu_scheduler.domain.objects import Meta, Node, Pod
 
 POD = {
     "metadata": {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for, map_text, ordinal_of, pod_map
-from gpu_scheduling.schedmap import ANNOTATION, Entry, MapError
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, entry_for, map_text, ordinal_of, pod_map
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, MapError
 
 
 @pytest.mark.parametrize(

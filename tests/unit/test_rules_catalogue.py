@@ -2,9 +2,9 @@
 
 * every rule names the checks that emit it (``@emits``), and a check mentions no reason
   it does not declare: a rule's metadata cannot drift from its check;
-* no reason is spelt as a literal in scheduler/ (nor webhook/, nor the rest of
-  gpu_scheduling/): Events, metrics labels and log reasons take their words from
-  :mod:`gpu_scheduling.rules.catalogue`.
+* no reason is spelt as a literal in the scheduler (nor the webhook, nor the rest of
+  kube_gpu_scheduler/): Events, metrics labels and log reasons take their words from
+  :mod:`kube_gpu_scheduler.domain.rules.catalogue`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import manifest
-from gpu_scheduling import rules as R
-from gpu_scheduling.rules.catalogue import OTHER_REASONS
+from kube_gpu_scheduler.domain import rules as R
+from kube_gpu_scheduler.domain.rules.catalogue import OTHER_REASONS
+from kube_gpu_scheduler.mapcli import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_REASON = set(R.RULES) | set(OTHER_REASONS)
@@ -44,7 +44,7 @@ def _mentioned(check: Callable[..., Any]) -> set[str]:
 
 
 def test_every_rule_has_a_check() -> None:
-    # The YAML-only lints' checks read the document: gpu_scheduling.manifest registers them.
+    # The YAML-only lints' checks read the document: kube_gpu_scheduler.mapcli.manifest registers them.
     assert manifest.find_maps
     assert [r.reason for r in R.RULES.values() if not r.filters] == []
 
@@ -103,9 +103,8 @@ def _reason_literals(path: Path) -> list[str]:
 def test_the_product_spells_no_reason_outside_the_rules() -> None:
     paths = [
         path
-        for package in ("scheduler", "webhook", "gpu_scheduling")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if (ROOT / "gpu_scheduling" / "rules") not in path.parents
+        for path in sorted((ROOT / "kube_gpu_scheduler").rglob("*.py"))
+        if (ROOT / "kube_gpu_scheduler" / "domain" / "rules") not in path.parents
     ]
     assert any(path.parent.name == "scheduler" for path in paths)
     assert [hit for path in paths for hit in _reason_literals(path)] == []

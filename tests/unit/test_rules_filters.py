@@ -1,4 +1,4 @@
-"""The scheduler's filters (gpu_scheduling.rules): tolerations, node state, GPU range, holders, map resolution."""
+"""The scheduler's filters (kube_gpu_scheduler.domain.rules): tolerations, node state, GPU range, holders, map resolution."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from gpu_scheduling import rules
-from gpu_scheduling.injection import desired_env
-from gpu_scheduling.podinfo import entry_for
-from gpu_scheduling.rules import evaluate, tolerates, untolerated_taints
-from scheduler.ledger import Claim, Ledger
+from kube_gpu_scheduler.domain import rules
+from kube_gpu_scheduler.domain.injection import desired_env
+from kube_gpu_scheduler.domain.podinfo import entry_for
+from kube_gpu_scheduler.domain.rules import evaluate, tolerates, untolerated_taints
+from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
 
 
 def node(

@@ -3,7 +3,7 @@
 Each case is a StatefulSet (its pod template), the nodes, the GPUs other pods
 hold, and the replica looked at. It goes through
 
-* the scheduler's decision (``gpu_scheduling.rules.evaluate`` with the real
+* the scheduler's decision (``kube_gpu_scheduler.domain.rules.evaluate`` with the real
   ``Ledger``, for the pod the StatefulSet would create; the scheduler never
   sees a pod of another scheduler or one with ``spec.nodeName``: ``is_pending``
   and its field selector),
@@ -14,7 +14,7 @@ hold, and the replica looked at. It goes through
   StatefulSet and the pod (the CLI does not read nodes: ``RULES`` says which
   rules it does not evaluate).
 
-The expected verdict comes from ``gpu_scheduling.rules.RULES``: each front end
+The expected verdict comes from ``kube_gpu_scheduler.domain.rules.RULES``: each front end
 reports the case's reason with the severity the rule declares for it (REFUSE:
 the pod waits / a denial / an error; WARN: a warning Event / an admission
 warning / a CLI warning), or nothing where the rule is not one it evaluates.
@@ -32,20 +32,20 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_scheduling import cli
-from gpu_scheduling import rules as R
-from gpu_scheduling.fit import PodFootprint
-from gpu_scheduling.injection import desired_env
-from gpu_scheduling.podinfo import POD_INDEX_LABEL, entry_for
-from gpu_scheduling.resources import GPU_RESOURCE, node_gpus
-from gpu_scheduling.schedmap import ANNOTATION, GPU, MapError
+from kube_gpu_scheduler.domain import rules as R
+from kube_gpu_scheduler.domain.fit import PodFootprint
+from kube_gpu_scheduler.domain.injection import desired_env
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, entry_for
+from kube_gpu_scheduler.domain.resources import GPU_RESOURCE, node_gpus
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError
+from kube_gpu_scheduler.mapcli import cli
+from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
+from kube_gpu_scheduler.scheduler.pods import is_pending
+from kube_gpu_scheduler.scheduler.usage import NodeUsage
+from kube_gpu_scheduler.webhook.app import create_app
+from kube_gpu_scheduler.webhook.nodes import NodeInfo
+from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review
-from scheduler.ledger import Claim, Ledger
-from scheduler.pods import is_pending
-from scheduler.usage import NodeUsage
-from webhook.app import create_app
-from webhook.nodes import NodeInfo
-from webhook.settings import Settings
 
 OURS = "gpu-scheduler"
 MAP = "0=node1:0,1\n1=node2:2\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_scheduling.schedmap import (
+from kube_gpu_scheduler.domain.schedmap import (
     ANNOTATION,
     MAX_GPU_INDEX,
     MAX_ORDINAL,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_scheduling import schedmap
-from gpu_scheduling.schedmap import (
+from kube_gpu_scheduler.domain import schedmap
+from kube_gpu_scheduler.domain.schedmap import (
     ANNOTATION,
     EXCERPT_CHARS,
     MAX_ERROR_CHARS,
@@ -332,8 +332,8 @@ def test_parse_cached_from_many_threads() -> None:
 
 
 def test_equal_map_texts_are_kept_once_by_the_schedulers_pod_cache() -> None:
-    from gpu_scheduling.schedmap import parse_cache_clear, shared_text
-    from scheduler.pods import share_map_text
+    from kube_gpu_scheduler.domain.schedmap import parse_cache_clear, shared_text
+    from kube_gpu_scheduler.scheduler.pods import share_map_text
 
     parse_cache_clear()
     text = "".join(f"{i}=node{i % 7}:{i % 8}\n" for i in range(3000))

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpu_scheduling.schedmap import (
+from kube_gpu_scheduler.domain.schedmap import (
     EXCERPT_CHARS,
     GPU,
     MAX_ERROR_CHARS,

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpu_scheduling.kube.tls import server_context
+from kube_gpu_scheduler.kube.tls import server_context
+from kube_gpu_scheduler.scheduler import settings as settings_mod
+from kube_gpu_scheduler.scheduler.core import Scheduler
+from kube_gpu_scheduler.scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.main import build
+from kube_gpu_scheduler.scheduler.settings import Settings, SettingsError
 from localcluster.cluster import gpu_node_manifest
 from localcluster.pki import LocalPKI
-from scheduler import settings as settings_mod
-from scheduler.core import Scheduler
-from scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer
-from scheduler.main import build
-from scheduler.settings import Settings, SettingsError
 
 NAME = "gpu-scheduler"
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from scheduler.core import Scheduler
-from scheduler.leader import LeaseRecord
-from scheduler.main import build
-from scheduler.metrics import Metrics
-from scheduler.pods import is_pending, pod_signature
-from scheduler.server import HealthServer, Probes
-from scheduler.settings import Settings
+from kube_gpu_scheduler.scheduler.core import Scheduler
+from kube_gpu_scheduler.scheduler.leader import LeaseRecord
+from kube_gpu_scheduler.scheduler.main import build
+from kube_gpu_scheduler.scheduler.metrics import Metrics
+from kube_gpu_scheduler.scheduler.pods import is_pending, pod_signature
+from kube_gpu_scheduler.scheduler.server import HealthServer, Probes
+from kube_gpu_scheduler.scheduler.settings import Settings
 
 
 class State:

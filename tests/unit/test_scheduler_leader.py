@@ -9,8 +9,8 @@ import re
 import pytest
 from kubernetes import client
 
-from gpu_scheduling.kube.timefmt import micro_datetime, micro_time, parse_time, rfc3339
-from scheduler.leader import (
+from kube_gpu_scheduler.kube.timefmt import micro_datetime, micro_time, parse_time, rfc3339
+from kube_gpu_scheduler.scheduler.leader import (
     ABSURD_FACTOR,
     RENEWAL_GRACE,
     LeaderElector,

@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_scheduling.injection import held_devices, parse_devices
-from scheduler.ledger import Claim, Ledger, claim_of, is_active
+from kube_gpu_scheduler.domain.injection import held_devices, parse_devices
+from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger, claim_of, is_active
 
 FORGED = "gpu-scheduler/assigned"
 

@@ -18,13 +18,19 @@ from typing import Any, cast
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_scheduling.rules import API_ERROR, BOUND_ELSEWHERE, GPU_IN_USE, NODE_NOT_FOUND, NOT_INJECTED
+from kube_gpu_scheduler.domain.rules import (
+    API_ERROR,
+    BOUND_ELSEWHERE,
+    GPU_IN_USE,
+    NODE_NOT_FOUND,
+    NOT_INJECTED,
+)
+from kube_gpu_scheduler.scheduler.binding import BindOutcome, BindResult, PodWriter
+from kube_gpu_scheduler.scheduler.core import Scheduler
+from kube_gpu_scheduler.scheduler.events import EventRecorder
+from kube_gpu_scheduler.scheduler.ledger import Claim
+from kube_gpu_scheduler.scheduler.settings import Settings
 from localcluster.cluster import gpu_node_manifest
-from scheduler.binding import BindOutcome, BindResult, PodWriter
-from scheduler.core import Scheduler
-from scheduler.events import EventRecorder
-from scheduler.ledger import Claim
-from scheduler.settings import Settings
 
 NAME = "gpu-scheduler"
 

@@ -1,5 +1,5 @@
 """``RolloutEvictions`` without an apiserver: when the holder of a wanted GPU is evicted so that
-its StatefulSet's rollout goes on, and when it is only named (docs: scheduler/rollout.py)."""
+its StatefulSet's rollout goes on, and when it is only named (docs: kube_gpu_scheduler/scheduler/rollout.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any, cast
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_scheduling.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding
-from gpu_scheduling.schedmap import Entry
-from scheduler.binding import PodWriter
-from scheduler.events import EventRecorder
-from scheduler.rollout import RolloutEvictions
+from kube_gpu_scheduler.domain.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding
+from kube_gpu_scheduler.domain.schedmap import Entry
+from kube_gpu_scheduler.scheduler.binding import PodWriter
+from kube_gpu_scheduler.scheduler.events import EventRecorder
+from kube_gpu_scheduler.scheduler.rollout import RolloutEvictions
 
 OLD_MAP = "0=node1:3\n1=node2:3\n"
 NEW_MAP = "0=node2:3\n1=node1:3\n"

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from gpu_scheduling.kube.backoff import Backoff
-from scheduler.workqueue import WorkQueue
+from kube_gpu_scheduler.kube.backoff import Backoff
+from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
 
 
 class Clock:

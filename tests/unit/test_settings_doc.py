@@ -27,9 +27,9 @@ def test_every_variable_of_the_code_is_in_the_doc_and_back() -> None:
     documented = {
         name for m in SECTION.finditer(text) for name in re.findall(r"^\| `([A-Z_]+)` \|", m["body"], re.M)
     }
-    from gpu_scheduling.check import settings as check_settings
-    from scheduler import settings as scheduler_settings
-    from webhook import settings as webhook_settings
+    from kube_gpu_scheduler.check import settings as check_settings
+    from kube_gpu_scheduler.scheduler import settings as scheduler_settings
+    from kube_gpu_scheduler.webhook import settings as webhook_settings
 
     code = {
         s.env for t in (scheduler_settings.TABLE, webhook_settings.TABLE, check_settings.TABLE) for s in t

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_scheduling.check.cli import main
-from gpu_scheduling.check.results import Result
-from gpu_scheduling.check.verify_release import TERMINATION_MESSAGE_LIMIT, failure_summary
+from kube_gpu_scheduler.check.cli import main
+from kube_gpu_scheduler.check.results import Result
+from kube_gpu_scheduler.check.verify_release import TERMINATION_MESSAGE_LIMIT, failure_summary
 
 
 def test_the_summary_names_each_failing_replica_and_what_is_wrong() -> None:

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-import webhook.app
+import kube_gpu_scheduler.webhook.app
+from kube_gpu_scheduler.webhook.app import create_app
+from kube_gpu_scheduler.webhook.settings import Settings, SettingsError
 from localcluster.admission import admission_review, mapped_pod
-from webhook.app import create_app
-from webhook.settings import Settings, SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
 # Mapped pods of other schedulers are left alone: these are the GPU scheduler's.
@@ -181,7 +181,7 @@ def test_internal_error_is_a_500_admission_review_with_the_uid(
     def boom(*args: Any) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(webhook.app, "admit_pod", boom)
+    monkeypatch.setattr(kube_gpu_scheduler.webhook.app, "admit_pod", boom)
     resp = client().post("/mutate", json=pod_review("uid-500"))
     assert resp.status_code == 500
     out = resp.get_json()

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kube_gpu_scheduler.webhook.app import create_app
+from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review
-from webhook.app import create_app
-from webhook.settings import Settings
 
 MAP = "# replicas\n0=node1:0,1\n1=node2:2\n2=node3:3,1\n"
 
@@ -241,7 +241,7 @@ def test_malformed_map_is_denied_with_line_numbers() -> None:
 def test_no_entry_for_the_ordinal_allows_unchanged_with_a_warning() -> None:
     response, out = mutated(client(), pod("w-7"))
     assert out == pod("w-7")
-    # The scheduler's OrdinalNotInMap message (gpu_scheduling.rules), plus what the webhook did.
+    # The scheduler's OrdinalNotInMap message (kube_gpu_scheduler.domain.rules), plus what the webhook did.
     assert response["warnings"] == [
         "annotation gpu-scheduling-map has no entry for replica 7; no GPU variables set"
     ]

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from kube_gpu_scheduler.webhook.settings import Settings, SettingsError
 from localcluster.admission import admission_review, mapped_pod
 from localcluster.cluster import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.webhook_host import make_certs, run_webhook
-from webhook.settings import Settings, SettingsError
 
 HOST = "127.0.0.1"
 # The bound for one admission request while the webhook holds idle connections.
@@ -184,7 +184,11 @@ def test_idle_tls_and_tcp_connections_do_not_delay_mutate(certs: Path, tmp_path:
             )
             >= 64
         )
-        warnings = [r for r in records(proc) if r["level"] == "warning" and r["logger"] == "webhook.serve"]
+        warnings = [
+            r
+            for r in records(proc)
+            if r["level"] == "warning" and r["logger"] == "kube_gpu_scheduler.webhook.serve"
+        ]
         reasons = {r.get("reason") for r in warnings}
         assert {"header_timeout", "handshake_timeout"} <= reasons, warnings
         # rate-limited: one line per reason (per worker) for 64 drops each, not 64

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from kube_gpu_scheduler.webhook.app import create_app
+from kube_gpu_scheduler.webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, _entry
+from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review
-from webhook.app import create_app
-from webhook.nodes import NodeCache, NodeInfo, NodeLookupUnavailable, _entry
-from webhook.settings import Settings
 
 MAP = "0=node1:0,1\n1=node2:2\n"
 

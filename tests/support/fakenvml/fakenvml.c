@@ -1,6 +1,6 @@
 /*
  * A fake NVML (libnvidia-ml.so.1) for the tests: the few functions that
- * gpu_scheduling/nvml.py and pynvml's init path call, with the C signatures of
+ * kube_gpu_scheduler/check/nvml.py and pynvml's init path call, with the C signatures of
  * the real library, so the check's NVML path runs unchanged on a machine
  * without a GPU. tests/support/fakenvml.py compiles it with the machine's `cc`
  * into a temporary directory; pynvml finds it through LD_LIBRARY_PATH, as it

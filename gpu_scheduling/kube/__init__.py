@@ -1,9 +1,0 @@
-"""The infrastructure layer: how the components talk to the apiserver and serve TLS.
-
-Nothing here imports the scheduler, the webhook, the bench or the rest of
-``gpu_scheduling`` (but :mod:`gpu_scheduling.objects` for reading metadata): the
-components build on it, never the other way round. Modules: :mod:`.client`
-(the client loader), :mod:`.errors` (the apiserver's Status), :mod:`.jsonio`
-(JSON lists, reads and writes), :mod:`.informer` (list-then-watch caches),
-:mod:`.backoff`, :mod:`.timefmt` (API time formats), :mod:`.tls` (server contexts).
-"""

@@ -1,0 +1,5 @@
+"""gpu-scheduler: pin replica N of a StatefulSet to a named node and named GPUs.
+
+Programs: :mod:`.scheduler`, :mod:`.webhook`, :mod:`.check`, :mod:`.mapcli`; the library they
+share: :mod:`.domain`, :mod:`.kube`, :mod:`.base` (docs/architecture.md).
+"""

@@ -1,0 +1,1 @@
+"""Base: settings tables, JSON logging and argument types; imports nothing of ours."""

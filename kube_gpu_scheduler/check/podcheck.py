@@ -1,0 +1,194 @@
+"""The in-pod checks: map, ordinal, node, env, NVML (pure functions of the settings and NVML's report)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kube_gpu_scheduler.check import nvml
+from kube_gpu_scheduler.check.results import Result
+from kube_gpu_scheduler.check.settings import DRA_MODE, MODES, Settings
+from kube_gpu_scheduler.domain.injection import (
+    CUDA_DEVICE_ORDER,
+    CUDA_VISIBLE_DEVICES,
+    PCI_BUS_ID,
+    desired_env,
+)
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, ordinal_of
+from kube_gpu_scheduler.domain.schedmap import Entry, MapError, SchedulingMap, gpu_name, parse
+
+
+def expected_env(entry: Entry, mode: str) -> dict[str, str]:
+    """The variables the webhook sets for ``entry`` in injection ``mode`` (kube_gpu_scheduler.domain.injection).
+
+    DRA mode: CUDA_DEVICE_ORDER alone. The DRA driver mounts only the claim's GPUs, so CUDA
+    numbers them 0..n-1 by itself (in PCI bus ID order)."""
+    if mode == DRA_MODE:
+        return {CUDA_DEVICE_ORDER: PCI_BUS_ID}
+    return dict(desired_env(entry, "nvidia" if mode == "nvidia" else "cuda"))
+
+
+def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:
+    """One result per variable the mode requires: equal strings, nothing looser. In DRA mode
+    also CUDA_VISIBLE_DEVICES unset: over the claim's GPUs (numbered from 0) it would hide or
+    reorder some of them."""
+    results = [
+        Result(f"env:{name}", want, env.get(name), env.get(name) == want, pod)
+        for name, want in expected_env(entry, mode).items()
+    ]
+    if mode == DRA_MODE:
+        have = env.get(CUDA_VISIBLE_DEVICES)
+        results.append(
+            Result(
+                f"env:{CUDA_VISIBLE_DEVICES}",
+                None,
+                have,
+                CUDA_VISIBLE_DEVICES not in env,
+                pod,
+                {"why": "DRA mode: the container sees only its claim's GPUs, numbered from 0; unset it"},
+            )
+        )
+    return results
+
+
+def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
+    """The checks that need no GPU: map, ordinal, node, env. Returns the entry when one applies."""
+    pod = settings.pod
+    results: list[Result] = []
+    if settings.injection_mode not in MODES:
+        results.append(Result("mode", list(MODES), settings.injection_mode, False, pod))
+    if settings.map_text is None:
+        results.append(
+            Result("map", "a valid map", None, False, pod, {"detail": "GPU_SCHEDULING_MAP is not set"})
+        )
+        return results, None
+    try:
+        smap: SchedulingMap = parse(settings.map_text)
+    except MapError as err:
+        results.append(
+            Result(
+                "map",
+                "a valid map",
+                settings.map_text,
+                False,
+                pod,
+                {"problems": [str(p) for p in err.problems]},
+            )
+        )
+        return results, None
+    results.append(Result("map", "a valid map", smap.format().strip().replace("\n", "; "), True, pod))
+    labels = {POD_INDEX_LABEL: settings.pod_index} if settings.pod_index is not None else {}
+    ordinal = ordinal_of(settings.pod_name, labels)
+    entry = smap.get(ordinal) if ordinal is not None else None
+    results.append(
+        Result(
+            "ordinal",
+            f"an entry for the pod's ordinal (POD_INDEX={settings.pod_index!r}, POD_NAME={settings.pod_name!r})",
+            {"ordinal": ordinal, "entry": str(entry) if entry else None},
+            entry is not None,
+            pod,
+        )
+    )
+    if entry is None:
+        return results, None
+    results.append(Result("node", entry.node, settings.node_name, settings.node_name == entry.node, pod))
+    if settings.injection_mode in MODES:
+        given = {
+            "CUDA_VISIBLE_DEVICES": settings.cuda_visible_devices,
+            "CUDA_DEVICE_ORDER": settings.cuda_device_order,
+            "NVIDIA_VISIBLE_DEVICES": settings.nvidia_visible_devices,
+        }
+        env = {name: value for name, value in given.items() if value is not None}  # None: unset
+        results.extend(env_results(entry, settings.injection_mode, env, pod))
+    return results, entry
+
+
+def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlReport) -> list[Result]:
+    """Report NVML's GPUs; compare them with the entry when there is one."""
+    pod = settings.pod
+    if not report.available:
+        if settings.expect_no_gpu:
+            # Declared by the operator (check chart check.expectNoGPU): nothing to look at.
+            why = f"{report.reason}; CHECK_EXPECT_NO_GPU=true declares nodes without GPUs"
+            return [Result("nvml", None, None, None, pod, {"skipped": why})]
+        # Not looking is not passing: without NVML the GPUs the pod got cannot be verified.
+        return [
+            Result(
+                "nvml",
+                "NVML available",
+                report.reason,
+                False,
+                pod,
+                {
+                    "why": "cannot verify devices; only on nodes without GPUs set the check chart's "
+                    "check.expectNoGPU=true (env CHECK_EXPECT_NO_GPU)"
+                },
+            )
+        ]
+    results = [Result("nvml", None, report.to_json(), not report.errors, pod)]
+    if entry is None:
+        return results
+    dra_mode = settings.injection_mode == DRA_MODE
+    isolated = (
+        dra_mode or settings.injection_mode == "nvidia" or settings.nvidia_visible_devices == entry.devices
+    )
+    if isolated:
+        # The container runtime exposes only the mapped GPUs: NVML must count exactly those.
+        why = (
+            "DRA mode: the driver mounts only the claim's GPUs"
+            if dra_mode
+            else "NVIDIA_VISIBLE_DEVICES isolates the mapped GPUs"
+        )
+        results.append(
+            Result(
+                "nvml:count",
+                len(entry.gpus),
+                report.count,
+                report.count == len(entry.gpus),
+                pod,
+                {"why": why},
+            )
+        )
+    if entry.kind == "uuid":
+        # The map names the GPUs by UUID: each must be among those NVML sees (all of the node's in
+        # cuda mode, only the isolated ones in nvidia mode), compared in the map's normal form.
+        seen = {gpu_name(d.uuid) or d.uuid: d for d in report.devices}
+        missing_uuids = [g for g in entry.gpus if g not in seen]
+        results.append(
+            Result(
+                "nvml:uuids",
+                list(entry.gpus),
+                {"count": report.count, "missing": missing_uuids},
+                not missing_uuids,
+                pod,
+                {"devices": [seen[g].to_json() for g in entry.gpus if g in seen]},
+            )
+        )
+    elif settings.injection_mode == "cuda":
+        # CUDA_VISIBLE_DEVICES holds physical indices: each must exist among NVML's GPUs.
+        missing = [g for g in entry.indices if g >= report.count]
+        devices = [d.to_json() for g in entry.indices if (d := report.by_index(g)) is not None]
+        results.append(
+            Result(
+                "nvml:indices",
+                list(entry.gpus),
+                {"count": report.count, "missing": missing},
+                not missing and len(devices) == len(entry.gpus),
+                pod,
+                {"devices": devices},
+            )
+        )
+    return results
+
+
+NvmlQuery = Callable[[], nvml.NvmlReport]
+
+
+def run_checks(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> list[Result]:
+    """Every check, in order: mode, map, ordinal, node, env, NVML."""
+    results, entry = map_results(settings)
+    try:
+        report = nvml_query()
+    except Exception as err:  # a crash in the NVML bindings must not take the check down
+        report = nvml.NvmlReport(True, errors=(f"NVML query failed: {err.__class__.__name__}: {err}",))
+    results.extend(nvml_results(settings, entry, report))
+    return results

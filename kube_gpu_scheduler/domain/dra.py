@@ -1,0 +1,289 @@
+"""DRA mode: a replica's map entry as a ResourceClaim, and the GPUs a node publishes.
+
+Pure functions over plain dicts (ResourceSlices, ResourceClaims as the API
+returns them), shared by the scheduler's claim controller (kube_gpu_scheduler/scheduler/dra.py),
+the check program and the demo, so all three resolve a map entry the same way.
+
+How an entry's GPU names resolve on its node, against the devices of the DRA
+driver (NVIDIA's: driver ``gpu.nvidia.com``) in the node's ResourceSlices:
+
+* an index ``i`` is the node's i-th GPU in PCI bus ID order, the order NVML and
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` use (the driver no longer publishes an index:
+  it can change when a GPU falls off the bus);
+* a UUID (``GPU-...``) is the device whose ``uuid`` attribute it is;
+* a PCI bus ID is the device whose ``resource.kubernetes.io/pciBusID`` it is.
+
+The claim pins each GPU with a CEL selector on an attribute: the UUID for the
+UUID form, the PCI bus ID otherwise (the slot, which an index names at the time
+the claim is made). A CEL selector cannot see the node; the replica's pod is
+pinned to its node by required node affinity, so a PCI bus ID (the same on
+every node of a model) only ever matches on that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kube_gpu_scheduler.domain.schedmap import Entry, gpu_kind, gpu_name
+
+DRIVER = "gpu.nvidia.com"
+DEVICE_CLASS = "gpu.nvidia.com"
+PCI_DOMAIN = "resource.kubernetes.io"
+PCI_ATTRIBUTE = "pciBusID"
+UUID_ATTRIBUTE = "uuid"
+# The name of the claim in the pod's spec.resourceClaims and in each container's resources.claims.
+POD_CLAIM = "gpu-scheduler"
+# The claim's own name: the pod's name (a StatefulSet pod's name is fixed per ordinal) and this.
+CLAIM_SUFFIX = "-gpus"
+# What the claim controller writes on the claims it makes.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpu-scheduler"
+ENTRY_ANNOTATION = "gpu-scheduler.io/entry"
+DEVICES_ANNOTATION = "gpu-scheduler.io/devices"
+# The label the admission policy puts on a replica handed to kube-scheduler in DRA mode.
+POD_LABEL = "gpu-scheduler.io/dra"
+# The scheduling gate a DRA replica is created behind, removed once its claim asks for its entry.
+GATE = "gpu-scheduler.io/claim"
+
+
+def claim_name(pod_name: str) -> str:
+    return pod_name + CLAIM_SUFFIX
+
+
+def normal_name(text: str) -> str:
+    """A slice's ``uuid`` or ``pciBusID`` attribute in the map's normal form (as schedmap writes it)."""
+    text = text.strip()
+    return gpu_name(text) or text.lower()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU a node publishes: the slice's pool and device name, and its attributes."""
+
+    node: str
+    pool: str
+    name: str
+    uuid: str
+    pci_bus_id: str
+    product: str = ""
+
+    def describe(self) -> str:
+        """``gpu-2 (0000:3b:00.0, GPU-...)``"""
+        parts = [p for p in (self.pci_bus_id, self.uuid) if p]
+        return f"{self.name} ({', '.join(parts)})" if parts else self.name
+
+
+def _attribute(attrs: Mapping[str, Any], driver: str, name: str) -> str:
+    """An attribute's string value, by its unqualified name (the driver's domain) or qualified."""
+    for key in (name, f"{driver}/{name}"):
+        value = attrs.get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("string"), str):
+            return str(value["string"])
+    return ""
+
+
+def node_devices(slices: Iterable[Mapping[str, Any]], node: str, driver: str = DRIVER) -> list[Device]:
+    """The driver's devices on ``node``, in PCI bus ID order (devices without one last, by name).
+
+    Only a pool's newest generation counts (a driver republishing a pool bumps it and
+    the older slices are on their way out).
+    """
+    mine = [
+        s
+        for s in slices
+        if isinstance(s, Mapping)
+        and (s.get("spec") or {}).get("driver") == driver
+        and (s.get("spec") or {}).get("nodeName") == node
+    ]
+    newest: dict[str, int] = {}
+    for s in mine:
+        pool = (s.get("spec") or {}).get("pool") or {}
+        name, gen = str(pool.get("name", "")), int(pool.get("generation", 0) or 0)
+        newest[name] = max(newest.get(name, gen), gen)
+    devices: list[Device] = []
+    for s in mine:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        pool_name = str(pool.get("name", ""))
+        if int(pool.get("generation", 0) or 0) != newest.get(pool_name):
+            continue
+        for d in spec.get("devices") or []:
+            if not isinstance(d, Mapping) or not isinstance(d.get("name"), str):
+                continue
+            attrs = d.get("attributes") or {}
+            devices.append(
+                Device(
+                    node=node,
+                    pool=pool_name,
+                    name=d["name"],
+                    uuid=normal_name(_attribute(attrs, driver, UUID_ATTRIBUTE)),
+                    pci_bus_id=normal_name(_attribute(attrs, PCI_DOMAIN, PCI_ATTRIBUTE)),
+                    product=_attribute(attrs, driver, "productName"),
+                )
+            )
+    devices.sort(key=lambda d: (d.pci_bus_id == "", d.pci_bus_id, d.name))
+    return devices
+
+
+class Unresolved(Exception):
+    """A GPU name of the entry names no device on its node; the message says which and why."""
+
+
+def _listing(devices: Sequence[Device]) -> str:
+    shown = ", ".join(d.describe() for d in devices[:8])
+    return shown + (f" and {len(devices) - 8} more" if len(devices) > 8 else "")
+
+
+def resolve(entry: Entry, devices: Sequence[Device]) -> list[Device]:
+    """The devices ``entry`` names, in map order; raises :class:`Unresolved` naming the first miss."""
+    if not devices:
+        raise Unresolved(
+            f"node {entry.node} publishes no {DRIVER} device in any ResourceSlice "
+            f"(is NVIDIA's DRA driver running on it?)"
+        )
+    out: list[Device] = []
+    for gpu in entry.gpus:
+        kind = gpu_kind(gpu)
+        found: Device | None = None
+        if kind == "index":
+            assert isinstance(gpu, int)
+            if gpu < len(devices):
+                found = devices[gpu]
+            else:
+                raise Unresolved(
+                    f"GPU index {gpu} does not exist on node {entry.node}: it publishes "
+                    f"{len(devices)} GPU{'' if len(devices) == 1 else 's'} (index 0-{len(devices) - 1} "
+                    f"in PCI bus ID order: {_listing(devices)})"
+                )
+        elif kind == "uuid":
+            want = str(gpu)
+            found = next((d for d in devices if d.uuid == want), None)
+            if found is None:
+                raise Unresolved(
+                    f"no GPU with UUID {want} on node {entry.node} (replaced hardware changes the UUID; "
+                    f"it publishes {_listing(devices)})"
+                )
+        else:
+            want = str(gpu)
+            found = next((d for d in devices if d.pci_bus_id == want), None)
+            if found is None:
+                raise Unresolved(
+                    f"no GPU at PCI bus ID {want} on node {entry.node} (it publishes {_listing(devices)})"
+                )
+        out.append(found)
+    return out
+
+
+def selector(gpu: int | str, device: Device, driver: str = DRIVER) -> str:
+    """The CEL that matches exactly ``device``: by UUID for the UUID form, by PCI bus ID otherwise."""
+    if gpu_kind(gpu) == "uuid" or not device.pci_bus_id:
+        return f"device.attributes['{driver}'].{UUID_ATTRIBUTE} == '{device.uuid}'"
+    return f"device.attributes['{PCI_DOMAIN}'].{PCI_ATTRIBUTE} == '{device.pci_bus_id}'"
+
+
+def request_name(position: int) -> str:
+    return f"gpu-{position}"
+
+
+def claim_body(
+    name: str,
+    namespace: str,
+    entry: Entry,
+    devices: Sequence[Device],
+    *,
+    owner: Mapping[str, Any] | None,
+    device_class: str = DEVICE_CLASS,
+    driver: str = DRIVER,
+) -> dict[str, Any]:
+    """The ResourceClaim that asks for exactly ``devices`` (resolved from ``entry``), one request each."""
+    requests = [
+        {
+            "name": request_name(i),
+            "exactly": {
+                "deviceClassName": device_class,
+                "allocationMode": "ExactCount",
+                "count": 1,
+                "selectors": [{"cel": {"expression": selector(gpu, dev, driver)}}],
+            },
+        }
+        for i, (gpu, dev) in enumerate(zip(entry.gpus, devices, strict=True))
+    ]
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {MANAGED_BY_LABEL: MANAGED_BY},
+        "annotations": {
+            ENTRY_ANNOTATION: str(entry),
+            DEVICES_ANNOTATION: ", ".join(f"{entry.node}/{d.describe()}" for d in devices),
+        },
+    }
+    if owner:
+        meta["ownerReferences"] = [dict(owner)]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": meta,
+        "spec": {"devices": {"requests": requests}},
+    }
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """One allocated device of a claim: the request it answers and the device (driver/pool/name)."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+def allocation(claim: Mapping[str, Any]) -> list[Allocated]:
+    """The devices ``status.allocation`` gives the claim ([] when it is not allocated)."""
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    results = (alloc.get("devices") or {}).get("results") or []
+    return [
+        Allocated(
+            str(r.get("request", "")),
+            str(r.get("driver", "")),
+            str(r.get("pool", "")),
+            str(r.get("device", "")),
+        )
+        for r in results
+        if isinstance(r, Mapping)
+    ]
+
+
+def held_devices(claims: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, str], Mapping[str, Any]]:
+    """``(driver, pool, device) -> claim`` for every allocated device of ``claims``."""
+    out: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    for claim in claims:
+        for a in allocation(claim):
+            out.setdefault((a.driver, a.pool, a.device), claim)
+    return out
+
+
+def matches(claim: Mapping[str, Any], entry: Entry, devices: Sequence[Device], driver: str = DRIVER) -> bool:
+    """Whether ``claim`` is allocated exactly ``devices`` (resolved from ``entry``), request by request."""
+    got = {a.request: (a.driver, a.pool, a.device) for a in allocation(claim)}
+    want = {request_name(i): (driver, d.pool, d.name) for i, d in enumerate(devices)}
+    return bool(want) and got == want
+
+
+def pod_claim_name(pod: Mapping[str, Any]) -> str | None:
+    """The claim the admission policy gave the pod (spec.resourceClaims[name=gpu-scheduler])."""
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if isinstance(ref, Mapping) and ref.get("name") == POD_CLAIM:
+            value = ref.get("resourceClaimName")
+            return value if isinstance(value, str) else None
+    return None
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod still waits behind :data:`GATE`."""
+    return any(
+        g.get("name") == GATE
+        for g in (pod.get("spec") or {}).get("schedulingGates") or []
+        if isinstance(g, Mapping)
+    )

@@ -1,0 +1,1 @@
+"""``gpu-scheduler-map``: check and explain maps before they reach a cluster (:mod:`.cli`)."""

@@ -1,0 +1,1 @@
+"""``gpu-scheduler``: the scheduler program (:mod:`.main`); docs/scheduler.md."""

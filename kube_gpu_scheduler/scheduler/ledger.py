@@ -1,0 +1,210 @@
+"""Who holds which GPU: ``(node, gpu) -> holder pod``, rebuilt from the API.
+
+The truth lives on the pods, in fields their owners cannot change after
+creation, so a tenant who may patch pods in their namespace can neither forge
+nor erase a record (see ``docs/scheduler.md``, "What a pod holds"):
+
+* a pod holds GPUs while it is bound (``spec.nodeName``, set once, by the
+  Binding) and active: not Succeeded or Failed. A terminating pod
+  (``deletionTimestamp`` set) still holds them until it is gone, because its
+  containers may still be using the devices;
+* it holds, on that node, the GPU indices its containers were set up with:
+  the variables the webhook injected into the container spec
+  (``NVIDIA_VISIBLE_DEVICES``, else ``CUDA_VISIBLE_DEVICES``; the union over
+  containers), which are immutable;
+* a bound pod whose containers carry no such variable (bound by an older
+  scheduler, or with injection not required) holds its map entry when that
+  entry names the node it is bound to. The chart's ValidatingAdmissionPolicy
+  makes the map immutable on existing pods.
+
+No annotation is read: the old ``gpu-scheduler/assigned`` annotation, which
+tenants could rewrite, means nothing to this ledger.
+
+Between the scheduler's decision and the watch showing the pod bound, the
+GPUs are kept as a *reservation*, so two workers cannot both take a GPU and an
+older copy of the pod arriving late on the watch cannot erase the decision.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube_gpu_scheduler.domain.injection import held_devices
+from kube_gpu_scheduler.domain.objects import Pod
+from kube_gpu_scheduler.domain.podinfo import entry_for
+from kube_gpu_scheduler.domain.schedmap import GPU, MapError, gpu_sort_key
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """GPUs ``gpus`` on ``node``, held by one pod (sorted by :func:`gpu_sort_key`, no duplicates).
+
+    A GPU is an index or a UUID as the map and the injected variables name it: outside DRA
+    mode the scheduler cannot tell which index a UUID is, so a GPU named both ways by two
+    StatefulSets is two ledger entries (docs/injection.md).
+    """
+
+    node: str
+    gpus: tuple[GPU, ...]
+
+    @classmethod
+    def of(cls, node: str, gpus: Iterable[GPU]) -> Claim:
+        return cls(node, tuple(sorted(set(gpus), key=gpu_sort_key)))
+
+    def __str__(self) -> str:
+        return f"{self.node}:{','.join(str(g) for g in self.gpus)}"
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    return Pod(pod).key
+
+
+def is_active(pod: Mapping[str, Any]) -> bool:
+    """Not finished. Terminating pods are active: they hold their GPUs until deleted."""
+    return Pod(pod).phase not in FINISHED_PHASES
+
+
+def is_bound(pod: Mapping[str, Any]) -> bool:
+    return Pod(pod).node_name is not None
+
+
+def claim_of(pod: Mapping[str, Any]) -> Claim | None:
+    """The GPUs this pod holds according to the API object's immutable fields."""
+    view = Pod(pod)
+    node = view.node_name
+    if not is_active(pod) or node is None:
+        return None
+    devices = held_devices(view.spec)
+    if devices:
+        return Claim.of(node, devices)
+    try:
+        _, entry = entry_for(view.meta)
+    except MapError:
+        return None
+    if entry is None or entry.node != node:
+        return None
+    return Claim.of(entry.node, entry.gpus)
+
+
+class Ledger:
+    """Thread-safe index of held GPUs, fed by the pod watch and by the scheduler's own writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gpus: dict[tuple[str, GPU], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
+        self._pods: dict[str, tuple[str, Claim]] = {}  # uid -> ("ns/name", claim)
+        self._reserved: dict[str, Claim] = {}  # uid -> claim written, not yet seen on the watch
+
+    # -- reads ------------------------------------------------------------------
+
+    def holders(
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+    ) -> list[tuple[GPU, str]]:
+        """``(gpu, "ns/name")`` for each of ``gpus`` on ``node`` held by a pod other than ``exclude_uid``."""
+        out = []
+        with self._lock:
+            for gpu in gpus:
+                for uid, key in (self._gpus.get((node, gpu)) or {}).items():
+                    if uid != exclude_uid:
+                        out.append((gpu, key))
+        return out
+
+    def claim(self, uid: str) -> Claim | None:
+        with self._lock:
+            held = self._pods.get(uid)
+            return held[1] if held else None
+
+    def snapshot(self) -> dict[str, list[str]]:
+        """``{"node:gpu": ["ns/name", ...]}``, for logs and tests."""
+        with self._lock:
+            return {
+                f"{n}:{g}": sorted(h.values())
+                for (n, g), h in sorted(
+                    self._gpus.items(), key=lambda item: (item[0][0], gpu_sort_key(item[0][1]))
+                )
+                if h
+            }
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pods)
+
+    # -- updates from the watch ---------------------------------------------------
+
+    def observe(self, pod: Mapping[str, Any]) -> set[str]:
+        """Record the pod as the watch shows it; returns the nodes where GPUs were freed."""
+        uid = Pod(pod).uid
+        claim = claim_of(pod)
+        with self._lock:
+            reserved = self._reserved.get(uid)
+            if reserved is not None:
+                if is_bound(pod) or not is_active(pod):
+                    del self._reserved[uid]  # bound (or finished): the pod's own fields rule again
+                else:
+                    claim = reserved  # still pending: keep what we decided
+            return self._set(uid, pod_key(pod), claim)
+
+    def forget(self, pod: Mapping[str, Any]) -> set[str]:
+        """The pod is gone; returns the nodes where GPUs were freed."""
+        uid = Pod(pod).uid
+        with self._lock:
+            self._reserved.pop(uid, None)
+            return self._set(uid, pod_key(pod), None)
+
+    # -- the scheduler's own writes -------------------------------------------------
+
+    def reserve(self, pod: Mapping[str, Any], claim: Claim) -> list[tuple[GPU, str]]:
+        """Atomically check that no other pod holds ``claim`` and take it.
+
+        Returns the conflicts (and takes nothing) when another pod holds any of the GPUs.
+        """
+        uid = Pod(pod).uid
+        with self._lock:
+            conflicts = [
+                (gpu, key)
+                for gpu in claim.gpus
+                for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
+                if other != uid
+            ]
+            if conflicts:
+                return conflicts
+            self._reserved[uid] = claim
+            self._set(uid, pod_key(pod), claim)
+            return []
+
+    def cancel(self, pod: Mapping[str, Any]) -> set[str]:
+        """Drop a reservation whose write failed; fall back to what the API object says."""
+        uid = Pod(pod).uid
+        with self._lock:
+            self._reserved.pop(uid, None)
+            return self._set(uid, pod_key(pod), claim_of(pod))
+
+    # -- internals -------------------------------------------------------------------
+
+    def _set(self, uid: str, key: str, claim: Claim | None) -> set[str]:
+        """Set the pod's claim (lock held); returns nodes whose GPUs were released."""
+        released: set[str] = set()
+        old = self._pods.get(uid)
+        if old is not None and old[1] == claim and old[0] == key:
+            return released
+        if old is not None:
+            old_claim = old[1]
+            for gpu in old_claim.gpus:
+                if claim is None or claim.node != old_claim.node or gpu not in claim.gpus:
+                    released.add(old_claim.node)
+                slot = self._gpus.get((old_claim.node, gpu))
+                if slot is not None:
+                    slot.pop(uid, None)
+                    if not slot:
+                        del self._gpus[(old_claim.node, gpu)]
+            del self._pods[uid]
+        if claim is not None:
+            self._pods[uid] = (key, claim)
+            for gpu in claim.gpus:
+                self._gpus.setdefault((claim.node, gpu), {})[uid] = key
+        return released

@@ -1,0 +1,193 @@
+"""``gpu-scheduler``: the console script.
+
+Reads the settings once, serves the HTTP endpoints, syncs the caches, takes
+part in leader election and places pods until SIGTERM or SIGINT; then it stops
+placing pods, releases the Lease and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from kubernetes import client
+
+from kube_gpu_scheduler.base import logs
+from kube_gpu_scheduler.kube.client import load_client
+from kube_gpu_scheduler.kube.informer import Informer
+from kube_gpu_scheduler.kube.tls import server_context
+from kube_gpu_scheduler.scheduler import settings as settings_mod
+from kube_gpu_scheduler.scheduler.binding import PodWriter
+from kube_gpu_scheduler.scheduler.collector import QuietCollector
+from kube_gpu_scheduler.scheduler.core import Scheduler
+from kube_gpu_scheduler.scheduler.dra import ClaimController
+from kube_gpu_scheduler.scheduler.events import EventRecorder
+from kube_gpu_scheduler.scheduler.extender import Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.leader import LeaderElector
+from kube_gpu_scheduler.scheduler.metrics import Metrics
+from kube_gpu_scheduler.scheduler.pods import share_map_text
+from kube_gpu_scheduler.scheduler.server import HealthServer
+from kube_gpu_scheduler.scheduler.usage import ASSIGNED_SELECTOR, compact
+
+log = logging.getLogger("gpu_scheduler")
+
+
+def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
+    """The scheduler and everything it talks to the API with: the pod writer, the event
+    recorder, the three informers (whose handlers are the scheduler's) and the elector."""
+    core = client.CoreV1Api(api_client)
+    name = settings.scheduler_name
+    metrics = Metrics()
+    sched: Scheduler | None = None
+    events = EventRecorder(
+        client.EventsV1Api(api_client),
+        controller=name,
+        instance=f"{name}-{settings.identity}",
+        # Scheduled Events wait while pods are being placed: Bindings first.
+        busy=lambda: sched is not None and sched.placing(),
+    )
+    sched = Scheduler(settings, PodWriter(core, field_manager=name), events, metrics)
+    on_pods, on_assigned, on_nodes = sched.handlers()
+    pods = Informer(
+        "pods",
+        core.list_pod_for_all_namespaces,
+        on_pods,
+        field_selector=f"spec.schedulerName={name}",
+        on_relist=sched.relisted,
+        transform=share_map_text,
+    )
+    # Every bound, non-terminated pod (whoever placed it), as a footprint: what the fit checks count.
+    assigned = Informer(
+        "assigned-pods",
+        core.list_pod_for_all_namespaces,
+        on_assigned,
+        # Bound pods of every other scheduler; ours (spec.schedulerName is immutable, so a
+        # pod is on exactly one of the two watches) are counted from the pods informer.
+        field_selector=f"{ASSIGNED_SELECTOR},spec.schedulerName!={name}",
+        on_relist=sched.relisted,
+        transform=compact,
+    )
+    nodes = Informer("nodes", core.list_node, on_nodes, on_relist=sched.relisted)
+    elector: LeaderElector | None = None
+    if settings.leader_elect:
+        elector = LeaderElector(
+            client.CoordinationV1Api(api_client),
+            settings.lease_namespace,
+            settings.lease_name,
+            settings.identity,
+            lease_duration=settings.lease_duration,
+            renew_deadline=settings.renew_deadline,
+            retry_period=settings.retry_period,
+            on_started=sched.started_leading,
+            on_stopped=sched.stopped_leading,
+            events=events,
+        )
+        lease = elector
+        metrics.track_leader(lambda: lease.health().last_renewal_age_s, lambda: lease.health().renewing)
+    sched.attach(pods, assigned, nodes, elector)
+    return sched
+
+
+def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
+    """DRA mode's claim controller: the scheduler's events, writer and leadership."""
+    return ClaimController(
+        api_client,
+        sched.events,
+        sched.writer,
+        sched.is_leader,
+        driver=settings.dra_driver,
+        device_class=settings.dra_device_class,
+        field_manager=settings.scheduler_name,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = settings_mod.load(argv)
+    except settings_mod.SettingsError as err:
+        logs.setup("INFO")
+        log.error("invalid settings", extra={"error": str(err)})
+        return 2
+    logs.setup(settings.log_level)
+    log.info(
+        "starting",
+        extra={
+            "schedulerName": settings.scheduler_name,
+            "identity": settings.identity,
+            "leaderElect": settings.leader_elect,
+            "lease": f"{settings.lease_namespace}/{settings.lease_name}",
+            "httpPort": settings.http_port,
+            "mode": settings.mode,
+        },
+    )
+    try:
+        api_client = load_client(
+            settings.kubeconfig,
+            pool_size=settings.workers + 8,
+            user_agent=f"gpu-scheduler/{settings.identity}",
+        )
+    except Exception as err:
+        log.error("cannot load the Kubernetes client configuration", extra={"error": str(err)})
+        return 1
+
+    scheduler = build(settings, api_client)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+        scheduler.stop_event.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    probes = scheduler.probes()
+    extender_server: ExtenderServer | None = None
+    if settings.mode == settings_mod.EXTENDER:
+        try:
+            ctx = server_context(
+                settings.extender_tls_cert_file,
+                settings.extender_tls_key_file,
+                settings.extender_client_ca_file,
+                require_client_cert=True,
+            )
+            extender = Extender(scheduler, api_client)
+            extender_server = ExtenderServer(settings.extender_address, settings.extender_port, extender, ctx)
+        except (OSError, ssl.SSLError) as err:
+            log.error("cannot serve the extender", extra={"port": settings.extender_port, "error": str(err)})
+            return 1
+        probes = extender.probes(probes, extender_server.alive)
+    try:
+        server = HealthServer(settings.http_address, settings.http_port, probes)
+    except OSError as err:
+        log.error("cannot listen", extra={"port": settings.http_port, "error": str(err)})
+        return 1
+    server.start()
+    if extender_server is not None:
+        extender_server.start()
+    scheduler.start()
+    # Full garbage collections out of the bursts (kube_gpu_scheduler/scheduler/collector.py); the start-up
+    # state, frozen once every cache has listed, is never walked again.
+    QuietCollector(
+        scheduler.placing,
+        settings.gc_max_defer,
+        on_collected=scheduler.metrics.gc_collected,
+    ).start(scheduler.stop_event, ready=lambda: all(c.synced.is_set() for c in scheduler.caches().values()))
+    if settings.dra:
+        build_claims(settings, api_client, scheduler).start(scheduler.stop_event)
+    try:
+        scheduler.run_until_stopped()
+    finally:
+        if extender_server is not None:
+            extender_server.stop()  # no bind may start while the Lease is being released
+        scheduler.shutdown()
+        server.stop()
+        log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

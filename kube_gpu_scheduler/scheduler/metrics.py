@@ -1,0 +1,113 @@
+"""Prometheus metrics, in a registry of their own (served on /metrics)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kube_gpu_scheduler.domain.rules import ALL_REASONS, API_ERROR, BOUND_ELSEWHERE
+
+# Seconds from the moment this process first saw the pod pending to its Binding.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.pods_bound = Counter(
+            "gpu_scheduler_pods_bound", "Pods bound to their mapped node by this process.", registry=r
+        )
+        self.failures = Counter(
+            "gpu_scheduler_scheduling_failures",
+            "Scheduling attempts that did not bind, by reason (each retry counts).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in (*ALL_REASONS, API_ERROR, BOUND_ELSEWHERE):
+            self.failures.labels(reason)  # export zeros, so rate() works from the start
+        self.bind_latency = Histogram(
+            "gpu_scheduler_bind_latency_seconds",
+            "Time from first seeing a pod pending to binding it.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.leader = Gauge("gpu_scheduler_leader", "1 while this process holds the Lease.", registry=r)
+        self.leader_renewal_age = Gauge(
+            "gpu_scheduler_leader_last_renewal_age_seconds",
+            "Seconds since this process saw the Lease record change (NaN without leader election).",
+            registry=r,
+        )
+        self.leader_renewal_age.set(math.nan)
+        self.leader_healthy = Gauge(
+            "gpu_scheduler_leader_healthy",
+            "1 while some replica keeps the Lease (renewed within 2x the lease duration), else 0.",
+            registry=r,
+        )
+        self.leader_healthy.set(1)
+        self.queue_depth = Gauge(
+            "gpu_scheduler_queue_depth", "Pods waiting in the work queue (ready or retrying).", registry=r
+        )
+        self.unschedulable = Gauge(
+            "gpu_scheduler_unschedulable_pods",
+            "Pods last refused and waiting for their cause to go.",
+            registry=r,
+        )
+        self.not_injected = Counter(
+            "gpu_scheduler_not_injected_pods",
+            "Mapped pods seen without the webhook's GPU variables (admitted while it was down or slow).",
+            registry=r,
+        )
+        self.recreated = Counter(
+            "gpu_scheduler_pods_recreated",
+            "Pods admitted without injection that were deleted so that their controller recreates them.",
+            registry=r,
+        )
+        self.kubelet_refusals = Counter(
+            "gpu_scheduler_kubelet_refusals",
+            "Pods this scheduler bound that the node's kubelet refused at admission, by status.reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.gc_full = Counter(
+            "gpu_scheduler_gc_full_collections",
+            "Full garbage collections, by when they ran: quiet (no pod being placed) or deadline.",
+            ["when"],
+            registry=r,
+        )
+        self.gc_full_seconds = Counter(
+            "gpu_scheduler_gc_full_collection_seconds",
+            "Seconds spent in full garbage collections (the process holds its interpreter lock).",
+            registry=r,
+        )
+        for when in ("quiet", "deadline"):
+            self.gc_full.labels(when)
+        self.watch_relists = Counter(
+            "gpu_scheduler_watch_relists",
+            "Full lists of a watched resource (start, 410 Gone).",
+            ["resource"],
+            registry=r,
+        )
+
+    def track(self, queue_depth: Callable[[], float], unschedulable: Callable[[], float]) -> None:
+        self.queue_depth.set_function(queue_depth)
+        self.unschedulable.set_function(unschedulable)
+
+    def track_leader(self, age: Callable[[], float | None], healthy: Callable[[], bool]) -> None:
+        """Read the Lease's health at each scrape (``age`` None: not known yet, exported as NaN)."""
+
+        def age_or_nan() -> float:
+            value = age()
+            return math.nan if value is None else value
+
+        self.leader_renewal_age.set_function(age_or_nan)
+        self.leader_healthy.set_function(lambda: 1.0 if healthy() else 0.0)
+
+    def gc_collected(self, when: str, seconds: float) -> None:
+        self.gc_full.labels(when).inc()
+        self.gc_full_seconds.inc(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,67 @@
+"""What the scheduler reads of its own pods: pending or not, gated, what a retry depends on."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kube_gpu_scheduler.domain.objects import Pod
+from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, shared_text
+
+Obj = dict[str, Any]
+
+
+def is_pending(pod: Mapping[str, Any]) -> bool:
+    """Waiting for a node: not bound, not being deleted, not finished."""
+    view = Pod(pod)
+    return not view.node_name and not view.deleting and view.phase in (None, "Pending")
+
+
+def share_map_text(pod: Obj) -> Obj:
+    """What the cache keeps of one of our pods: all but managedFields, its map text shared with
+    every other pod carrying the same map (``schedmap.shared_text``)."""
+    meta = pod.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            text = annotations.get(ANNOTATION)
+            if isinstance(text, str):
+                annotations[ANNOTATION] = shared_text(text)
+    return pod
+
+
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """``spec.schedulingGates`` is not empty: not to be scheduled yet (the apiserver refuses a Binding)."""
+    return bool(Pod(pod).spec.get("schedulingGates"))
+
+
+def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the checks read from a pod: a change makes a waiting pod try again at once."""
+    view = Pod(pod)
+    return (
+        view.meta.get("uid"),
+        view.annotations.get(ANNOTATION),
+        view.labels.get(POD_INDEX_LABEL),
+        json.dumps(view.spec.get("tolerations") or [], sort_keys=True),
+        len(view.spec.get("schedulingGates") or []),
+    )
+
+
+def controller_of(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's controller ownerReference (StatefulSet, Job, ...), or None for a bare pod."""
+    return Pod(pod).owner
+
+
+def recreate_slot(pod: Mapping[str, Any], ordinal: int | None) -> str | None:
+    """The key of a replica across its recreations: namespace, controller UID, ordinal.
+
+    The namespace is part of it because an ownerReference is the pod owner's claim: a
+    tenant naming another namespace's controller UID only ever shares its own backoff.
+    """
+    owner = controller_of(pod)
+    if owner is None:
+        return None
+    return f"{Pod(pod).namespace}/{owner['uid']}/{ordinal}"

@@ -1,0 +1,1 @@
+"""``gpu-scheduler-webhook``: the admission webhook program (:mod:`.serve`); docs/webhook.md."""
