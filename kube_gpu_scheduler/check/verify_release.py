@@ -14,12 +14,13 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from kube_gpu_scheduler.check.podcheck import env_results
+from kube_gpu_scheduler.check.release_dra import DraState, dra_results, fetch_dra, pod_mode
 from kube_gpu_scheduler.check.results import (
     EXIT_MISMATCH,
     EXIT_OK,
@@ -30,11 +31,9 @@ from kube_gpu_scheduler.check.results import (
     passed,
 )
 from kube_gpu_scheduler.check.settings import DRA_MODE
-from kube_gpu_scheduler.domain import dra
-from kube_gpu_scheduler.domain.injection import pod_containers
 from kube_gpu_scheduler.domain.objects import Meta, Pod
 from kube_gpu_scheduler.domain.podinfo import ordinal_of
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, MapError, SchedulingMap, parse
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse
 from kube_gpu_scheduler.kube.client import KubeConfigError, load_client
 from kube_gpu_scheduler.kube.errors import api_error
 
@@ -87,134 +86,6 @@ def _map_of(obj: Mapping[str, Any]) -> str | None:
 
 
 REVISION_LABEL = "controller-revision-hash"
-
-
-@dataclass
-class DraState:
-    """What DRA mode reads besides the pods: the pods' ResourceClaims by name (None: unreadable,
-    ``claim_errors`` says why) and the driver's ResourceSlices (``slices_error``: unreadable)."""
-
-    claims: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)
-    claim_errors: dict[str, str] = field(default_factory=dict)
-    slices: list[Mapping[str, Any]] = field(default_factory=list)
-    slices_error: str | None = None
-
-
-# Where a 403 on claims or slices comes from, and the way out.
-DRA_RBAC_HINT = (
-    "the check chart's helm test account reads ResourceClaims and ResourceSlices only with "
-    "gpuScheduling.injectionMode=dra"
-)
-
-
-def _pod_mode(pod: Mapping[str, Any], mode: str) -> str:
-    """``dra`` for a pod checked in DRA mode: ``--mode dra``, or in auto a pod that references its claim."""
-    if mode == DRA_MODE or (mode == "auto" and dra.pod_claim_name(pod) is not None):
-        return DRA_MODE
-    return mode
-
-
-def dra_results(
-    pod: Mapping[str, Any], entry: Entry, who: str, state: DraState
-) -> tuple[list[Result], str | None, str | None]:
-    """The DRA checks of one pod; also the devices it got and the devices its entry names
-    (``gpu-2,gpu-0``: device names, map order) for the table."""
-    view = Pod(pod)
-    name = str(view.name)
-    want_claim = dra.claim_name(name)
-    have_claim = dra.pod_claim_name(pod)
-    results = [
-        Result(
-            "dra:claim-ref",
-            want_claim,
-            have_claim,
-            have_claim == want_claim,
-            who,
-            {"field": f"spec.resourceClaims[name={dra.POD_CLAIM}].resourceClaimName"},
-        )
-    ]
-    missing = [
-        str(c.get("name"))
-        for c in pod_containers(view.spec)
-        if not any(
-            isinstance(ref, Mapping) and ref.get("name") == dra.POD_CLAIM
-            for ref in (c.get("resources") or {}).get("claims") or []
-        )
-    ]
-    results.append(
-        Result(
-            "dra:container-claims",
-            f"every container lists claim {dra.POD_CLAIM} in resources.claims",
-            {"without": missing},
-            not missing,
-            who,
-        )
-    )
-    expected_shown: str | None = None
-    resolved: list[dra.Device] | None = None
-    if state.slices_error is not None:
-        results.append(
-            Result(
-                "dra:devices",
-                f"the {dra.DRIVER} devices of node {entry.node}",
-                state.slices_error,
-                False,
-                who,
-                {"why": DRA_RBAC_HINT},
-            )
-        )
-    else:
-        devices = dra.node_devices(state.slices, entry.node)
-        try:
-            resolved = dra.resolve(entry, devices)
-        except dra.Unresolved as err:
-            results.append(Result("dra:devices", str(entry), str(err), False, who))
-        else:
-            expected_shown = ",".join(d.name for d in resolved)
-    if have_claim is None:
-        return results, None, expected_shown
-    claim = state.claims.get(have_claim)
-    if claim is None:
-        results.append(
-            Result(
-                "dra:claim",
-                f"ResourceClaim {view.namespace}/{have_claim}",
-                state.claim_errors.get(have_claim, "not found"),
-                False,
-                who,
-            )
-        )
-        return results, None, expected_shown
-    got = dra.allocation(claim)
-    shown = ",".join(a.device for a in sorted(got, key=lambda a: a.request)) or None
-    if resolved is not None:
-        results.append(
-            Result(
-                "dra:allocation",
-                [f"{d.pool}/{d.name}" for d in resolved],
-                [f"{a.pool}/{a.device}" for a in sorted(got, key=lambda a: a.request)],
-                dra.matches(claim, entry, resolved),
-                who,
-                {"claim": have_claim, "devices": [d.describe() for d in resolved]},
-            )
-        )
-    uid = view.meta.get("uid")
-    reserved = [
-        r
-        for r in (claim.get("status") or {}).get("reservedFor") or []
-        if isinstance(r, Mapping) and r.get("resource") == "pods"
-    ]
-    results.append(
-        Result(
-            "dra:reserved",
-            f"pods/{name}",
-            [f"pods/{r.get('name')}" for r in reserved],
-            any(r.get("name") == name and (not uid or r.get("uid") == uid) for r in reserved),
-            who,
-            {"claim": have_claim},
-        )
-    )
-    return results, shown, expected_shown
 
 
 def revision_result(
@@ -329,8 +200,8 @@ def evaluate_release(
         node = spec.get("nodeName")
         devices_shown: str | None = None
         expected_devices = entry.devices if entry else None
-        pod_mode = _pod_mode(pod, mode)
-        if entry is not None and pod_mode == DRA_MODE:
+        checked_as = pod_mode(pod, mode)
+        if entry is not None and checked_as == DRA_MODE:
             results.append(Result("node", entry.node, node, node == entry.node, who))
             found, devices_shown, expected_devices = dra_results(pod, entry, who, dra_state or DraState())
             results.extend(found)
@@ -413,49 +284,6 @@ class _Fetched:
     dra_state: DraState | None = None
 
 
-def _raw(response: Any) -> Any:
-    import json
-
-    return json.loads(response.data)
-
-
-def _fetch_dra(api: Any, pods: Sequence[Mapping[str, Any]], namespace: str, out: _Fetched) -> None:
-    """DRA mode: the claims the pods reference (get, in the namespace) and the driver's
-    ResourceSlices (one list, cluster-scoped), raw JSON (the API's own camelCase)."""
-    from kubernetes.client import ResourceV1Api
-
-    resource = ResourceV1Api(api)
-    state = DraState()
-    try:
-        state.slices = list(
-            _raw(
-                resource.list_resource_slice(
-                    field_selector=f"spec.driver={dra.DRIVER}", _preload_content=False
-                )
-            ).get("items")
-            or []
-        )
-    except ApiException as err:
-        state.slices_error = f"{err.status} {err.reason}: list resourceslices.resource.k8s.io"
-        out.forbidden = out.forbidden or api_error(err).denied
-    for pod in pods:
-        name = dra.pod_claim_name(pod)
-        if name is None or name in state.claims:
-            continue
-        try:
-            state.claims[name] = _raw(
-                resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
-            )
-        except ApiException as err:
-            state.claims[name] = None
-            denied = api_error(err).denied
-            state.claim_errors[name] = f"{err.status} {err.reason}: get resourceclaims.resource.k8s.io " + (
-                f"{namespace}/{name} ({DRA_RBAC_HINT})" if denied else f"{namespace}/{name}"
-            )
-            out.forbidden = out.forbidden or denied
-    out.dra_state = state
-
-
 def _fetch_release(
     api: Any, core: Any, apps: Any, namespace: str, selector: str, mode: str = "auto"
 ) -> _Fetched:
@@ -480,8 +308,9 @@ def _fetch_release(
             out.owners[name] = None
             out.owner_errors[name] = f"{err.status} {err.reason}: get statefulsets.apps {namespace}/{name}"
             out.forbidden = out.forbidden or api_error(err).denied
-    if any(_pod_mode(p, mode) == DRA_MODE for p in pods):
-        _fetch_dra(api, pods, namespace, out)
+    if any(pod_mode(p, mode) == DRA_MODE for p in pods):
+        out.dra_state, denied = fetch_dra(api, pods, namespace)
+        out.forbidden = out.forbidden or denied
     return out
 
 

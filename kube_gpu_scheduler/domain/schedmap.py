@@ -51,7 +51,20 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+
+# How one GPU is named: part of this grammar, re-exported (import them from here).
+from kube_gpu_scheduler.domain.gpunames import (  # noqa: F401 (re-exported: part of the grammar)
+    BAD_GPU,
+    DIGITS_RE,
+    GPU,
+    KIND_WORDS,
+    MAX_GPU_INDEX,
+    GPUKind,
+    gpu_kind,
+    gpu_name,
+    gpu_sort_key,
+    parse_gpu,
+)
 
 ANNOTATION = "gpu-scheduling-map"
 
@@ -59,15 +72,8 @@ ANNOTATION = "gpu-scheduling-map"
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _NODE_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _NODE_MAX = 253
-_INT_RE = re.compile(r"[0-9]+")
-_HEX = "[0-9a-fA-F]"
-_UUID_RE = re.compile(rf"[Gg][Pp][Uu]-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}")
-_PCI_RE = re.compile(rf"({_HEX}{{4}}|{_HEX}{{8}}):({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])")
-_UUID_LEN = 40  # "GPU-" + 36
-_PCI_MAX_LEN = 16  # "00000000:3b:00.0"
 # Upper bounds that keep a typo from becoming a huge number downstream.
 MAX_ORDINAL = 1_000_000
-MAX_GPU_INDEX = 1023
 
 # The largest map text accepted, in UTF-8 bytes: the apiserver's limit on all of
 # an object's annotations together (256 KiB), so no map an apiserver stores is
@@ -83,49 +89,6 @@ MAX_MESSAGE_CHARS = 300
 MAX_PROBLEM_CHARS = 400
 # So len(str(MapError)) <= MAX_ERROR_CHARS, whatever the map.
 MAX_ERROR_CHARS = MAX_PROBLEMS_LISTED * (MAX_PROBLEM_CHARS + 2) + 40
-
-
-# A GPU as the map names it: an index (int), a UUID or a PCI bus ID (normalized str).
-GPU = int | str
-GPUKind = Literal["index", "uuid", "pci"]
-# How a message names each kind.
-KIND_WORDS: dict[GPUKind, str] = {"index": "index", "uuid": "UUID", "pci": "PCI bus ID"}
-BAD_GPU = "is not an index, a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) or a PCI bus ID (0000:3b:00.0)"
-
-
-def gpu_kind(gpu: GPU) -> GPUKind:
-    """``"index"`` for an int, ``"uuid"`` for ``GPU-...``, else ``"pci"`` (a parsed, normalized name)."""
-    if isinstance(gpu, int):
-        return "index"
-    return "uuid" if gpu.startswith("GPU-") else "pci"
-
-
-def gpu_name(token: str) -> str | None:
-    """The normalized UUID or PCI bus ID ``token`` spells (no whitespace around), else None."""
-    if len(token) == _UUID_LEN and _UUID_RE.fullmatch(token):
-        return "GPU-" + token[4:].lower()
-    if len(token) <= _PCI_MAX_LEN and (m := _PCI_RE.fullmatch(token)):
-        domain = m.group(1).lower()
-        if len(domain) == 8 and domain.startswith("0000"):
-            domain = domain[4:]
-        return f"{domain}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
-    return None
-
-
-def parse_gpu(token: str) -> GPU | None:
-    """One GPU token as the map reads it (whitespace around ignored), or None when it names none."""
-    token = token.strip()
-    if _INT_RE.fullmatch(token):
-        digits = token.lstrip("0") or "0"
-        if len(digits) > len(str(MAX_GPU_INDEX)) or int(digits) > MAX_GPU_INDEX:
-            return None
-        return int(digits)
-    return gpu_name(token)
-
-
-def gpu_sort_key(gpu: GPU) -> tuple[int, int, str]:
-    """Sorts GPUs of any kinds together: indices (ascending) first, then names."""
-    return (0, gpu, "") if isinstance(gpu, int) else (1, 0, gpu)
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
@@ -267,7 +230,7 @@ class SchedulingMap(Mapping[int, Entry]):
 
 
 def _int(token: str, what: str, limit: int, *, line: int, text: str, problems: _Problems) -> int | None:
-    if not _INT_RE.fullmatch(token):
+    if not DIGITS_RE.fullmatch(token):
         problems.add(line, text, f"{what} {_quoted(token)} is not a non-negative integer")
         return None
     # Compare lengths first: int() refuses strings of more than 4300 digits with a
@@ -319,7 +282,7 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
             problems.add(line, text, "empty GPU index (stray ',')")
             continue
         gpu: GPU | None
-        if _INT_RE.fullmatch(token):
+        if DIGITS_RE.fullmatch(token):
             gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
         elif (gpu := gpu_name(token)) is None:
             problems.add(line, text, f"GPU {_quoted(token)} {BAD_GPU}")

@@ -41,7 +41,7 @@ from tests.integration.fixtures_scheduler import statefulset
 from tests.support.fakenvml import nvml_env
 from tests.support.kubeapi import read_pod
 from tests.support.waiting import wait_for
-from tests.support.wheelvenv import REPO, WheelVenv
+from tests.support.wheelvenv import REPO, SCRIPTS, WheelVenv, clean_env
 
 HOST = "127.0.0.1"
 VARIANTS = ("wheel_venv", "image_venv")
@@ -298,3 +298,58 @@ def test_check_serves_and_reads_nvml(
     assert proc.proc is not None and proc.proc.returncode == 0, proc.log_text(40)
     assert json.loads(termination.read_text())
     assert json_records(proc)
+
+
+# -- beside the index's packages whose names ours once shared ---------------------------------
+
+# `scheduler` (an in-process job scheduler: its own top-level package scheduler/) and
+# `gpu-scheduler` (an unrelated tool: gpu_scheduler/): before 0.2 our wheel wrote into
+# site-packages/scheduler/ too, and the two clobbered each other's __init__.py.
+NEIGHBOURS = ("scheduler", "gpu-scheduler")
+
+
+def test_console_scripts_work_beside_the_index_packages_named_like_ours(
+    wheel_venv: WheelVenv, tmp_path: Path
+) -> None:
+    root = tmp_path / "venv"
+    subprocess.run([wheel_venv.base_python, "-m", "venv", str(root)], check=True, timeout=300)
+    pip = [str(root / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    env = clean_env()
+    # Theirs first, then ours on top: the order in which ours replaced their __init__.py.
+    for args in ([*NEIGHBOURS], [str(wheel_venv.wheel)]):
+        res = subprocess.run([*pip, *args], env=env, capture_output=True, text=True, timeout=900, check=False)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    venv = WheelVenv(root, wheel_venv.wheel, "beside scheduler and gpu-scheduler", wheel_venv.base_python)
+    for script in SCRIPTS:
+        res = subprocess.run(
+            [str(venv.bin / script), "--help"],
+            env=venv.env(home=tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert res.returncode == 0 and res.stdout.strip(), f"{script}: {res.stderr[-2000:]}"
+    # Theirs still import as theirs, and no file of one distribution is another's.
+    code = (
+        "import importlib.metadata as m, json\n"
+        "from scheduler import Scheduler\n"
+        "import gpu_scheduler, kube_gpu_scheduler\n"
+        "files = {d: sorted(str(f) for f in m.files(d) if '.dist-info' not in str(f) and '__pycache__' not in str(f)"
+        " and not str(f).startswith('..')) for d in ('scheduler', 'gpu-scheduler', 'kube-gpu-scheduler')}\n"
+        "print(json.dumps(files))"
+    )
+    res = subprocess.run(
+        [str(venv.python), "-I", "-c", code],
+        env=venv.env(home=tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    files = {dist: set(paths) for dist, paths in json.loads(res.stdout).items()}
+    ours = files.pop("kube-gpu-scheduler")
+    assert {p.split("/", 1)[0] for p in ours} == {"kube_gpu_scheduler"}
+    for dist, theirs in files.items():
+        assert theirs and not ours & theirs, dist

@@ -174,9 +174,9 @@ def _run(args: list[str], what: str, cwd: Path | None = None, env: Mapping[str, 
 
 
 def copy_sources(dest: Path) -> Path:
-    """What the Dockerfile copies for the wheel: pyproject.toml, README.md and the three packages."""
+    """What the Dockerfile copies for the wheel: pyproject.toml, README.md, LICENSE and the package."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, dest / name)
     for package in PACKAGES:
         shutil.copytree(REPO / package, dest / package, ignore=shutil.ignore_patterns("__pycache__"))

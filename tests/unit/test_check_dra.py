@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from kube_gpu_scheduler.check import evaluate_release, map_results, nvml, nvml_results, passed
-from kube_gpu_scheduler.check.verify_release import DraState
+from kube_gpu_scheduler.check.release_dra import DraState
 from kube_gpu_scheduler.domain import dra
 from kube_gpu_scheduler.domain.schedmap import Entry
 from localcluster import dra as slices

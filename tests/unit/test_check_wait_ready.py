@@ -12,15 +12,13 @@ from typing import Any
 import pytest
 
 from kube_gpu_scheduler.check.cli import build_parser, main
+from kube_gpu_scheduler.check.lease import LeaseTracker, lease_problem, parse_time
 from kube_gpu_scheduler.check.wait_ready import (
-    LeaseTracker,
     Poll,
     Target,
     build_target,
     injection_problem,
-    lease_problem,
     not_ready_summary,
-    parse_time,
     probe_pod,
     ready_summary,
 )
