@@ -39,11 +39,13 @@ coredns_dir="$CACHE/coredns-$COREDNS_VERSION"
 kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
 nvidia_dra_dir="$CACHE/dra-driver-nvidia-gpu-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 nvidia_ctk_dir="$CACHE/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSION"
+# Ours (tools/dra-prepare/main.go), keyed by its source and the plugin it talks to.
+dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cut -c1-12)-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
     "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
-    "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin"
+    "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -466,9 +468,26 @@ build_nvidia_ctk() {
   touch "$nvidia_ctk_dir/.done"
 }
 
+# dra-prepare (tools/dra-prepare/main.go): the kubelet's side of the DRA gRPC call, so a test
+# drives the plugin's prepare (and its CDI spec) without a kubelet. Built from the plugin's own
+# module graph (k8s.io/kubelet's DRA API, grpc at the plugin's versions): small, no cgo.
+build_dra_prepare() {
+  [ -f "$dra_prepare_dir/.done" ] && return
+  check_go
+  local m=sigs.k8s.io/dra-driver-nvidia-gpu src="$CACHE/src/$(basename "$dra_prepare_dir")"
+  log "building dra-prepare (tools/dra-prepare) against $m $DRA_DRIVER_NVIDIA_GPU_VERSION"
+  rm -rf "$src" "$dra_prepare_dir"; mkdir -p "$src" "$dra_prepare_dir/bin"
+  cp "$here/dra-prepare/main.go" "$src/"
+  printf 'module gpu-scheduler.local/dra-prepare\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$DRA_DRIVER_NVIDIA_GPU_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w" -o "$dra_prepare_dir/bin/dra-prepare" .)
+  touch "$dra_prepare_dir/.done"
+}
+
 build_nvidia() {
   with_lock "$nvidia_ctk_dir" build_nvidia_ctk
   with_lock "$nvidia_dra_dir" build_nvidia_dra
+  with_lock "$dra_prepare_dir" build_dra_prepare
 }
 
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
