@@ -88,6 +88,30 @@ def test_only_the_gpus_whose_device_nodes_are_there(tmp_path: Path) -> None:
     assert res.returncode == 9 and "Driver Not Loaded" in res.stdout, res.stdout
 
 
+def test_in_a_containers_view_only_its_gpus(root: nvidia.DriverRoot) -> None:
+    """What a container that a CDI spec gave one GPU sees: its /dev holds nvidiactl and that GPU's
+    node, the driver root's dev/ is not there. A mount namespace plays it: tmpfs over /dev and
+    over the root's dev/."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is missing")
+    gpu = MACHINE.in_bus_order()[2]
+    script = (
+        "mount -t tmpfs none /dev && mknod -m 666 /dev/nvidiactl c 195 255 && "
+        f"mknod -m 666 /dev/nvidia{gpu.minor} c 195 {gpu.minor} && mount -t tmpfs none {root.dev_dir} && "
+        f"{root.nvidia_smi} --query-gpu=index,minor_number,uuid --format=csv,noheader"
+    )
+    res = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.splitlines() == [f"0, {gpu.minor}, {gpu.uuid}"]
+
+
 def test_the_environment_overrides_the_machine(root: nvidia.DriverRoot) -> None:
     # The check's tests describe their GPUs by FAKE_NVML_*: that wins over a compiled-in machine.
     res = subprocess.run(
