@@ -5,8 +5,9 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|nvidia|all]...   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
+#   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -36,11 +37,15 @@ containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
 pause_dir="$CACHE/pause-$PAUSE_VERSION"
 coredns_dir="$CACHE/coredns-$COREDNS_VERSION"
 kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
+nvidia_dra_dir="$CACHE/dra-driver-nvidia-gpu-$DRA_DRIVER_NVIDIA_GPU_VERSION"
+nvidia_ctk_dir="$CACHE/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSION"
+# Ours (tools/dra-prepare/main.go), keyed by its source and the plugin it talks to.
+dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cut -c1-12)-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
     "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
-    "$coredns_dir/bin"
+    "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -417,6 +422,74 @@ build_kube_score() {
   touch "$kube_score_dir/.done"
 }
 
+# ------------------------------------------------------------ the NVIDIA stack
+# NVIDIA's DRA kubelet plugin and container toolkit, from their Go modules. Both need cgo
+# (github.com/NVIDIA/go-nvml binds libnvidia-ml.so.1 at run time through dlopen, so only a
+# C compiler is needed, no NVML), and so they link glibc dynamically: they run on this host
+# and on the real node, not in a scratch image. What runs them over a GPU-less stand-in:
+# localcluster/nvidia.py, docs/nvidia-stack.md. go-nvml's header marks many calls deprecated:
+# cgo's warnings about them are silenced, they say nothing about the build.
+NVIDIA_CGO_CFLAGS="-O2 -g0 -Wno-deprecated-declarations"
+build_nvidia_dra() {
+  [ -f "$nvidia_dra_dir/.done" ] && return
+  check_go
+  command -v "${CC:-cc}" >/dev/null || { log "the NVIDIA DRA plugin needs cgo: install a C compiler (gcc)"; exit 1; }
+  local m=sigs.k8s.io/dra-driver-nvidia-gpu mod
+  mod=$(mod_dir "$m@$DRA_DRIVER_NVIDIA_GPU_VERSION")
+  rm -rf "$nvidia_dra_dir"
+  log "building NVIDIA's gpu-kubelet-plugin $DRA_DRIVER_NVIDIA_GPU_VERSION (cgo)"
+  local t0; t0=$(date +%s)
+  CGO_ENABLED=1 CGO_CFLAGS="$NVIDIA_CGO_CFLAGS" go_build_pinned "$nvidia_dra_dir" "$m" "$DRA_DRIVER_NVIDIA_GPU_VERSION" \
+    "$m/cmd/gpu-kubelet-plugin" "-X $m/internal/info.version=$DRA_DRIVER_NVIDIA_GPU_VERSION"
+  mkdir -p "$nvidia_dra_dir/chart"
+  cp -r "$mod/deployments/helm/dra-driver-nvidia-gpu/." "$nvidia_dra_dir/chart/"
+  chmod -R u+w "$nvidia_dra_dir/chart"
+  "$nvidia_dra_dir/bin/gpu-kubelet-plugin" --version >&2
+  log "gpu-kubelet-plugin built in $(( $(date +%s) - t0 ))s"
+  touch "$nvidia_dra_dir/.done"
+}
+
+build_nvidia_ctk() {
+  [ -f "$nvidia_ctk_dir/.done" ] && return
+  check_go
+  command -v "${CC:-cc}" >/dev/null || { log "NVIDIA's container toolkit needs cgo: install a C compiler (gcc)"; exit 1; }
+  local m=github.com/NVIDIA/nvidia-container-toolkit
+  rm -rf "$nvidia_ctk_dir"
+  log "building NVIDIA's container toolkit $NVIDIA_CONTAINER_TOOLKIT_VERSION (nvidia-container-runtime, nvidia-ctk, nvidia-cdi-hook; cgo)"
+  local t0; t0=$(date +%s)
+  local src="$CACHE/src/$(basename "$nvidia_ctk_dir")"
+  rm -rf "$src"; mkdir -p "$src" "$nvidia_ctk_dir/bin"
+  printf 'module gpu-scheduler.local/build\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$NVIDIA_CONTAINER_TOOLKIT_VERSION" >"$src/go.mod"
+  (cd "$src" && CGO_ENABLED=1 CGO_CFLAGS="$NVIDIA_CGO_CFLAGS" go build -ldflags "-s -w -X $m/internal/info.version=${NVIDIA_CONTAINER_TOOLKIT_VERSION#v}" \
+      -o "$nvidia_ctk_dir/bin/" "$m/cmd/nvidia-container-runtime" "$m/cmd/nvidia-ctk" "$m/cmd/nvidia-cdi-hook")
+  "$nvidia_ctk_dir/bin/nvidia-ctk" --version >&2
+  log "NVIDIA container toolkit built in $(( $(date +%s) - t0 ))s"
+  touch "$nvidia_ctk_dir/.done"
+}
+
+# dra-prepare (tools/dra-prepare/main.go): the kubelet's side of the DRA gRPC call, so a test
+# drives the plugin's prepare (and its CDI spec) without a kubelet. Built from the plugin's own
+# module graph (k8s.io/kubelet's DRA API, grpc at the plugin's versions): small, no cgo.
+build_dra_prepare() {
+  [ -f "$dra_prepare_dir/.done" ] && return
+  check_go
+  local m=sigs.k8s.io/dra-driver-nvidia-gpu src="$CACHE/src/$(basename "$dra_prepare_dir")"
+  log "building dra-prepare (tools/dra-prepare) against $m $DRA_DRIVER_NVIDIA_GPU_VERSION"
+  rm -rf "$src" "$dra_prepare_dir"; mkdir -p "$src" "$dra_prepare_dir/bin"
+  cp "$here/dra-prepare/main.go" "$src/"
+  printf 'module gpu-scheduler.local/dra-prepare\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$DRA_DRIVER_NVIDIA_GPU_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w" -o "$dra_prepare_dir/bin/dra-prepare" .)
+  touch "$dra_prepare_dir/.done"
+}
+
+build_nvidia() {
+  with_lock "$nvidia_ctk_dir" build_nvidia_ctk
+  with_lock "$nvidia_dra_dir" build_nvidia_dra
+  with_lock "$dra_prepare_dir" build_dra_prepare
+}
+
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 start=$(date +%s)
@@ -427,9 +500,11 @@ for t in "${targets[@]}"; do
     cert-manager) with_lock "$cm_dir" build_cert_manager ;;
     kube-score) with_lock "$kube_score_dir" build_kube_score ;;
     node) with_lock "$node_dir" build_node ;;
+    nvidia) build_nvidia ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
          with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
-         with_lock "$kube_score_dir" build_kube_score; with_lock "$node_dir" build_node ;;
+         with_lock "$kube_score_dir" build_kube_score; with_lock "$node_dir" build_node
+         build_nvidia ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

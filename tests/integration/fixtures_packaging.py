@@ -1,7 +1,7 @@
 """Fixtures for what the tests build from the repository (registered by tests/conftest.py).
 
 * ``fake_nvml``: the directory holding the fake ``libnvidia-ml.so.1``, compiled once per
-  session from tests/support/fakenvml/fakenvml.c (tests/support/fakenvml.py: ``nvml_env``).
+  session from localcluster/fakenvml/fakenvml.c (tests/support/fakenvml.py: ``nvml_env``).
 * ``wheel_venv``: a user's ``pip install .``: the project's wheel installed into a fresh venv,
   its dependencies resolved by pip from the wheel's own metadata, once per session.
 * ``image_venv``: the venv the image gets: the Dockerfile's build stage run here (the lock

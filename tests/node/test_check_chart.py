@@ -1,7 +1,7 @@
 """The check chart's pods run the real `gpu-scheduler-check` on the real node.
 
 The real node advertises 4 `nvidia.com/gpu` (an extended resource in its status, as the
-upstream docs describe), and a fake NVML (tests/support/fakenvml.c, compiled here) stands
+upstream docs describe), and a fake NVML (localcluster/fakenvml/fakenvml.c, compiled here) stands
 in for the driver's libnvidia-ml.so.1: mounted from the host the way the NVIDIA container
 runtime mounts the real one, found through LD_LIBRARY_PATH. Everything else is what a
 user runs: the webhook injects the devices, the scheduler binds each replica to the real

@@ -1,4 +1,6 @@
-"""A fake NVML for the tests: tests/support/fakenvml/fakenvml.c compiled with the machine's ``cc``.
+"""A fake NVML for the tests: the project's one stand-in NVML (localcluster/fakenvml/fakenvml.c,
+compiled by localcluster/nvidia.py with the machine's ``cc``), here without a machine compiled
+in, so the ``FAKE_NVML_*`` environment describes the GPUs.
 
 The check program's real NVML path (``pynvml`` -> ``CDLL("libnvidia-ml.so.1")``)
 runs against it: ``LD_LIBRARY_PATH`` names the directory holding the fake
@@ -15,15 +17,14 @@ per session::
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-SOURCE = Path(__file__).resolve().parent / "fakenvml" / "fakenvml.c"
-LIBRARY = "libnvidia-ml.so.1"
+from localcluster import nvidia
+
+LIBRARY = nvidia.LIBRARY
 
 
 def default_uuid(index: int) -> str:
@@ -38,29 +39,10 @@ def default_bus_id(index: int) -> str:
 
 def build(out_dir: Path) -> Path:
     """Compile the fake into ``out_dir/libnvidia-ml.so.1``; returns ``out_dir`` (for LD_LIBRARY_PATH)."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.fail("no C compiler (cc) on PATH: the fake NVML library is built at test time")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(
-        [
-            cc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-o",
-            str(out_dir / LIBRARY),
-            str(SOURCE),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert res.returncode == 0, f"cc failed on {SOURCE}:\n{res.stderr}"
+    try:
+        nvidia.compile_nvml(out_dir / LIBRARY)
+    except FileNotFoundError as err:
+        pytest.fail(f"{err}: the fake NVML library is built at test time")
     return out_dir
 
 

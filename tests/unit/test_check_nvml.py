@@ -1,6 +1,6 @@
 """The check's real NVML path (pynvml -> libnvidia-ml.so.1) against the fake NVML library.
 
-tests/support/fakenvml/fakenvml.c is compiled with ``cc`` and found through
+localcluster/fakenvml/fakenvml.c is compiled with ``cc`` and found through
 LD_LIBRARY_PATH, as the driver's library is on a GPU node, so these run in CI
 without a GPU: the ``nvidia`` mode's renumbering, a missing or lost GPU, UUID and
 PCI bus ID reporting, and NVML being unavailable. tests/gpu/ runs the same
