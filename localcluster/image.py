@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.cluster import REPO, versions
+from localcluster.toolcache import REPO, versions
 
 REPOSITORY = "localhost/gpu-scheduler"
 BASE_PACKAGES = (

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from localcluster.cluster import free_port
+from localcluster.network import free_port
 from localcluster.procs import ManagedProcess
 
 HOST = "127.0.0.1"

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from localcluster.admission import admission_review  # noqa: E402
-from localcluster.cluster import free_port  # noqa: E402
+from localcluster.network import free_port  # noqa: E402
 from localcluster.webhook_host import make_certs, run_webhook  # noqa: E402
 
 HOST = "127.0.0.1"

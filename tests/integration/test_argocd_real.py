@@ -4,7 +4,7 @@ One control plane with its Service network, cert-manager and Argo CD for the who
 module (the cost is paid once); the scheduler and the webhook run as host processes
 with the identities Argo CD and cert-manager created, and every Argo CD hook pod's
 command (the check chart's verify-release) runs on the host, its outcome written into
-the pod's status (see localcluster/gitops_demo.py: kwok runs no containers).
+the pod's status (see localcluster/host_components.py: kwok runs no containers).
 
 The tests run in file order over one cluster: the complete ApplicationSet (order,
 health, caBundle, drift under RollingSync, project, documented names), its deletion
@@ -30,16 +30,8 @@ import pytest
 
 from localcluster.cluster import REPO, Cluster
 from localcluster.gitops import argocd_manifest, bare_repository, start_argocd, start_cert_manager
-from localcluster.gitops_demo import (
-    APPS,
-    CHECK_NS,
-    SYSTEM_NS,
-    HostComponents,
-    Timeline,
-    app_events,
-    get,
-    observe,
-)
+from localcluster.gitops_timeline import APPS, CHECK_NS, SYSTEM_NS, Timeline, app_events, get, observe
+from localcluster.host_components import HostComponents
 from localcluster.webhook_host import ca_bundle, make_certs
 
 pytestmark = pytest.mark.cluster
@@ -178,7 +170,7 @@ def test_step_two_syncs_only_after_step_one_is_healthy(complete: GitOps) -> None
 
 
 def test_both_end_synced_and_healthy_with_the_replicas_placed(complete: GitOps) -> None:
-    from localcluster.gitops_demo import placement_table
+    from localcluster.gitops_timeline import placement_table
 
     assert complete.synced_healthy(SCHED_APP, CHECK_APP)
     table, good = placement_table(complete.cluster)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -155,10 +156,19 @@ def test_rbac_denies_service_account_without_role(cluster: Cluster, namespace: s
 
 CHILD_TEST = textwrap.dedent(
     """
-    import json, os, time
+    import json, os, signal, time
+
+    # Ctrl-C reaches this run as it reaches a run in a terminal. A run started as a background job
+    # of a non-interactive shell (`make test &`, a CI wrapper) inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: the signal would be dropped and this test would
+    # sleep on (test_fixture_leaves_no_process_behind[sigint] timing out after 120 s).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def test_child(cluster):
-        with open(os.environ["PIDS_FILE"], "w") as f:
+        tmp = os.environ["PIDS_FILE"] + ".tmp"
+        with open(tmp, "w") as f:
             json.dump(cluster.pids(), f)
+        os.replace(tmp, os.environ["PIDS_FILE"])  # the parent never reads half a file
         deadline = time.monotonic() + 60
         while not os.path.exists(os.environ["GO_FILE"]) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -178,17 +188,18 @@ def test_fixture_leaves_no_process_behind(tmp_path: Path, mode: str) -> None:
     pids_file = tmp_path / "pids.json"
     go_file = tmp_path / "go"
     env = dict(os.environ, PIDS_FILE=str(pids_file), GO_FILE=str(go_file), MODE=mode)
+    pids: dict[str, int] = {}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
         pids = wait_for(
-            lambda: pids_file.exists() and pids_file.read_text() and json.loads(pids_file.read_text()),
+            lambda: pids_file.exists() and json.loads(pids_file.read_text()),
             timeout=120,
             what="child cluster to start",
         )
@@ -200,10 +211,29 @@ def test_fixture_leaves_no_process_behind(tmp_path: Path, mode: str) -> None:
             child.send_signal(signal.SIGINT if mode == "sigint" else signal.SIGTERM)
         out, _ = child.communicate(timeout=120)
         assert child.returncode != 0, out
+        # The run ended the way this test means: the failure, or the signal as Ctrl-C.
+        assert ("deliberate failure" if mode == "fail" else "KeyboardInterrupt") in out, out
     finally:
         test_file.unlink()
-    left = {name: pid for name, pid in pids.items() if pid_alive(pid)}
+        # After a failure above, leave nothing running for the tests that follow.
+        _stop_child(child)
+        left = {name: pid for name, pid in pids.items() if pid_alive(pid)}
+        for pid in left.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
     assert not left, f"processes left behind after {mode}: {left}\n{out}"
+
+
+def _stop_child(child: subprocess.Popen[str]) -> None:
+    """Stop the child run if it still runs: SIGTERM unwinds it like Ctrl-C (tests/conftest.py),
+    so it stops its own control plane; SIGKILL if it does not exit within a minute."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
 
 
 @pytest.mark.cluster

@@ -21,7 +21,8 @@ import pytest
 
 from localcluster.cluster import KWOK_ANNOTATION, REPO, Cluster
 from localcluster.gitops import bare_repository, start_argocd, start_cert_manager
-from localcluster.gitops_demo import APPS, CHECK_NS, RELEASE, SYSTEM_NS, get, report, sync_argocd
+from localcluster.gitops_demo import report, sync_argocd
+from localcluster.gitops_timeline import APPS, CHECK_NS, RELEASE, SYSTEM_NS, get
 from localcluster.image import Image
 from localcluster.node import NODE_NAME
 

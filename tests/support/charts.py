@@ -26,7 +26,7 @@ HOOK_ANNOTATION = "helm.sh/hook"
 
 def helm_bin() -> str:
     """The pinned helm built by tools/provision.sh (`make test` and `make test-unit` build it)."""
-    from localcluster.cluster import tool
+    from localcluster.toolcache import tool
 
     try:
         return str(tool("helm"))

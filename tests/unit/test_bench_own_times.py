@@ -8,7 +8,7 @@ import math
 
 from bench.arms import Run
 from bench.measure import own_times
-from bench.report import ratios
+from bench.ratios import ratios
 from bench.scales import SCALES, Results
 from kube_gpu_scheduler.base.logs import JsonFormatter
 

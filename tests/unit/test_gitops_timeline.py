@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from localcluster.gitops_demo import ARGOCD, POLLED, Timeline, app_events
+from localcluster.gitops_timeline import ARGOCD, POLLED, Timeline, app_events
 
 DATA = Path(__file__).parent / "data"
 RECORDED = sorted(DATA.glob("argocd-application-*.json"))

@@ -1,0 +1,135 @@
+"""How the tests talk to the local control plane: kubectl, helm, the API client, kubeconfigs,
+ServiceAccount tokens, and the wait that fails at once when a component dies."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from localcluster.procs import ManagedProcess
+from localcluster.toolcache import tool
+
+if TYPE_CHECKING:
+    from localcluster.node import RealNode
+
+
+class CommandFailed(subprocess.CalledProcessError):
+    """A kubectl/helm call failed; its message carries the tool's own stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or '').strip()}"
+
+
+def kubeconfig_yaml(
+    server: str,
+    ca_file: Path,
+    user: str,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> str:
+    creds: dict[str, Any] = {}
+    if cert and key:
+        creds = {"client-certificate": str(cert), "client-key": str(key)}
+    if token:
+        creds = {"token": token}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": user, "user": creds}],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+        "current-context": user,
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def dump_manifests(manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> str:
+    docs = [manifest] if isinstance(manifest, Mapping) else list(manifest)
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+class ClusterClients:
+    """The client half of :class:`localcluster.cluster.Cluster` (which holds these attributes)."""
+
+    workdir: Path
+    server: str
+    ca_file: Path
+    kubeconfig: Path
+    procs: dict[str, ManagedProcess]
+    detached: bool
+    node: RealNode | None
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(tool("kubectl")), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
+            input=input,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and res.returncode != 0:
+            raise CommandFailed(res.returncode, res.args, res.stdout, res.stderr)
+        return res
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env.setdefault("HELM_CACHE_HOME", str(self.workdir / "helm" / "cache"))
+        env.setdefault("HELM_CONFIG_HOME", str(self.workdir / "helm" / "config"))
+        env.setdefault("HELM_DATA_HOME", str(self.workdir / "helm" / "data"))
+        res = subprocess.run(
+            [str(tool("helm")), *args], check=False, capture_output=True, text=True, env=env, timeout=300
+        )
+        if check and res.returncode != 0:
+            raise CommandFailed(res.returncode, res.args, res.stdout, res.stderr)
+        return res
+
+    def apply(self, manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]] | str) -> str:
+        text = manifest if isinstance(manifest, str) else dump_manifests(manifest)
+        return self.kubectl("apply", "-f", "-", input=text).stdout
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def _ok(self, *args: str) -> bool:
+        return self.kubectl(*args, check=False).returncode == 0
+
+    def wait_until(self, cond: Any, timeout: float, what: str, interval: float = 0.2) -> None:
+        """Poll ``cond`` until true; fail at once if a control-plane component died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self.procs.values():
+                if not proc.running():
+                    raise proc.fail(f"exited while waiting for {what}")
+            if cond():
+                return
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    # ---------------------------------------------------------------- identities
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, path: Path | None = None, duration: str = "2h"
+    ) -> Path:
+        """A kubeconfig holding a token from the TokenRequest API for ``namespace/name``."""
+        token = self.kubectl(
+            "create", "token", name, "-n", namespace, f"--duration={duration}"
+        ).stdout.strip()
+        path = path or self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        path.write_text(kubeconfig_yaml(self.server, self.ca_file, f"{namespace}-{name}", token=token))
+        path.chmod(0o600)
+        return path
+
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca_file.read_bytes()).decode()
