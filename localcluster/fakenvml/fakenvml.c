@@ -38,7 +38,10 @@
  * 2. A machine compiled in (FAKE_NVML_MACHINE names a header that localcluster/nvidia.py
  *    writes: the GPUs in PCI bus order, the driver and CUDA versions, the driver root's
  *    device folder). As the real driver, it sees the GPUs whose device nodes it can see:
- *    the first of FAKE_NVML_DEV_DIR and /dev that holds a character device `nvidiactl` is
+ *    the first of FAKE_NVML_DEV_DIR, the dev/ of the driver root this library is loaded
+ *    from (<root>/usr/lib64/<this library> -> <root>/dev: the driver root mounted elsewhere,
+ *    as NVIDIA's DRA plugin mounts it at /driver-root in its container) and /dev that holds
+ *    a character device `nvidiactl` is
  *    the device folder (none: init fails with NVML_ERROR_DRIVER_NOT_LOADED), and a GPU is
  *    visible when `nvidia<minor>` there is a character device. On the host (the DRA
  *    plugin, nvidia-ctk) that is the driver root's dev/ with every GPU; in a container that
@@ -47,6 +50,8 @@
  *
  * 3. Otherwise no GPU.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,8 +219,21 @@ static int char_device(const char *dir, const char *name) {
     return stat(path, &st) == 0 && S_ISCHR(st.st_mode);
 }
 
+/* <root>/dev for the driver root holding this library at <root>/usr/lib64/, else "". */
+static void own_root_dev(char *out, size_t size) {
+    Dl_info info;
+    out[0] = 0;
+    if (!dladdr((void *)own_root_dev, &info) || !info.dli_fname) return;
+    const char *suffix = "/usr/lib64/";
+    const char *at = strstr(info.dli_fname, suffix);
+    if (!at || strchr(at + strlen(suffix), '/')) return;
+    snprintf(out, size, "%.*s/dev", (int)(at - info.dli_fname), info.dli_fname);
+}
+
 static nvmlReturn_t from_machine(void) {
-    const char *dirs[] = {FAKE_NVML_DEV_DIR, "/dev"};
+    char own[4096];
+    own_root_dev(own, sizeof own);
+    const char *dirs[] = {FAKE_NVML_DEV_DIR, own, "/dev"};
     const char *dev = NULL;
     for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
         if (char_device(dirs[d], "nvidiactl")) {

@@ -124,6 +124,12 @@ int main(int argc, char **argv) {
     const char *fields = NULL, *format = "csv";
     int list = 0, setting = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--version") == 0) {
+            /* NVIDIA's DRA plugin's init container runs `nvidia-smi --version` to see the driver. */
+            printf("NVIDIA-SMI version  : %s (gpu-scheduler stand-in)\nDRIVER version      : %s\n", driver, driver);
+            nvmlShutdown();
+            return 0;
+        }
         if (strcmp(argv[i], "-L") == 0 || strcmp(argv[i], "--list-gpus") == 0) list = 1;
         else if (strncmp(argv[i], "--query-gpu=", 12) == 0) fields = argv[i] + 12;
         else if (strncmp(argv[i], "--format=", 9) == 0) format = argv[i] + 9;

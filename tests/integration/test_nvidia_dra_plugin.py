@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster import dra, nvidia
+from localcluster import dra, nvidia, nvidia_tools
 from localcluster.cluster import Cluster, tool
 from localcluster.procs import ManagedProcess
 from tests.support.waiting import wait_for
@@ -64,7 +64,7 @@ def _published(cluster: Cluster, node: str, plugin: ManagedProcess) -> list[dict
     return _slices(cluster, node)
 
 
-def _dra_call(dirs: nvidia.PluginDirs, claim: dict[str, Any], *extra: str) -> dict[str, Any]:
+def _dra_call(dirs: nvidia_tools.PluginDirs, claim: dict[str, Any], *extra: str) -> dict[str, Any]:
     meta = claim["metadata"]
     res = subprocess.run(
         [
@@ -96,8 +96,8 @@ def test_nvidias_plugin_publishes_the_stand_in_gpus_and_prepares_a_claim(
     machine = nvidia.Machine.for_node(node, 4, shift=1)
     assert [g.minor for g in machine.in_bus_order()] != sorted(g.minor for g in machine.gpus)
     root = nvidia.build_driver_root(tmp_path / "driver-root", machine)
-    dirs = nvidia.PluginDirs.under(short_dir).create()
-    command = nvidia.kubelet_plugin_command(
+    dirs = nvidia_tools.PluginDirs.under(short_dir).create()
+    command = nvidia_tools.kubelet_plugin_command(
         tool(nvidia.PLUGIN_BINARY),
         root,
         node_name=node,
@@ -105,7 +105,7 @@ def test_nvidias_plugin_publishes_the_stand_in_gpus_and_prepares_a_claim(
         dirs=dirs,
         cdi_hook=tool("nvidia-cdi-hook"),
     )
-    plugin = nvidia.kubelet_plugin(command, tmp_path / "gpu-kubelet-plugin.log").start()
+    plugin = nvidia_tools.kubelet_plugin(command, tmp_path / "gpu-kubelet-plugin.log").start()
     try:
         (slice_,) = wait_for(
             lambda: _published(cluster, node, plugin),

@@ -12,9 +12,6 @@ ROOTS = ("kube_gpu_scheduler", "localcluster", "bench", "tests/support")
 # shrinks: test_the_exceptions_are_still_needed fails once one of them fits.
 OVER_THE_LIMIT = {
     "kube_gpu_scheduler/scheduler/dra.py": "DRA mode on the scheduler's own plan (issue 27)",
-    "kube_gpu_scheduler/domain/schedmap.py": "product modules over 500 lines (issue 27)",
-    "kube_gpu_scheduler/check/verify_release.py": "product modules over 500 lines (issue 27)",
-    "kube_gpu_scheduler/check/wait_ready.py": "product modules over 500 lines (issue 27)",
 }
 
 

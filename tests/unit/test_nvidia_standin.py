@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster import nvidia
+from localcluster import nvidia, nvidia_tools
 from localcluster.cluster import tool
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the stand-in's device nodes need mknod (root)")
@@ -134,7 +134,7 @@ def _nodes(edits: dict[str, Any]) -> list[tuple[str, str]]:
 
 def test_nvidia_ctk_cdi_generate_over_the_stand_in(root: nvidia.DriverRoot, tmp_path: Path) -> None:
     out = tmp_path / "nvidia.yaml"
-    res = nvidia.cdi_generate(tool("nvidia-ctk"), root, tool("nvidia-cdi-hook"), out)
+    res = nvidia_tools.cdi_generate(tool("nvidia-ctk"), root, tool("nvidia-cdi-hook"), out)
     assert res.returncode == 0, res.stderr[-3000:]
     spec = yaml.safe_load(out.read_text())
     assert spec["kind"] == "nvidia.com/gpu"
@@ -163,7 +163,7 @@ def _run_runtime(
     (xdg / "nvidia-container-runtime").mkdir(parents=True)
     (tmp_path / "cdi").mkdir()
     (xdg / "nvidia-container-runtime" / "config.toml").write_text(
-        nvidia.runtime_config(
+        nvidia_tools.runtime_config(
             root,
             nvidia_ctk=tool("nvidia-ctk"),
             low_level_runtime=shutil.which("true") or "/bin/true",
