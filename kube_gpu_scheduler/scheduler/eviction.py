@@ -222,6 +222,7 @@ class Evictions:
         self.other_workloads = other_workloads
         self._lock = threading.Lock()
         self._evicted: dict[str, None] = {}  # holder UIDs already evicted (insertion order)
+        self._evicting: set[str] = set()  # holder UIDs a worker is evicting now
 
     def note(
         self,
@@ -244,11 +245,14 @@ class Evictions:
         have = Pod(holder).labels.get(REVISION_LABEL)
         what = f"an outdated replica of StatefulSet {name}, revision {have}"
         with self._lock:
-            if uid in self._evicted:
+            if uid in self._evicted or uid in self._evicting:  # another waiting replica's worker
                 return f"evicted it ({what}); waiting for it to go"
+            self._evicting.add(uid)
         try:
             self._writer.evict(holder)
         except Exception as err:
+            with self._lock:
+                self._evicting.discard(uid)
             status = api_status(err)
             if status.code == 429:
                 return (
@@ -262,6 +266,7 @@ class Evictions:
             log.warning("eviction failed", extra={"pod": key, "error": error_message(err)})
             return f"evicting it failed: {error_message(err)}"
         with self._lock:
+            self._evicting.discard(uid)
             self._evicted[uid] = None
             while len(self._evicted) > MAX_REMEMBERED:
                 del self._evicted[next(iter(self._evicted))]

@@ -224,7 +224,13 @@ TABLE: tuple[Setting, ...] = (
         "--kubeconfig",
         "in-cluster config",
     ),
-    Setting("workers", "GPU_SCHEDULER_WORKERS", _INT, "pods placed in parallel", "--workers"),
+    Setting(
+        "workers",
+        "GPU_SCHEDULER_WORKERS",
+        _INT,
+        "pods placed in parallel; in DRA mode also the claim controller's worker threads",
+        "--workers",
+    ),
     Setting(
         "gc_max_defer",
         "GPU_SCHEDULER_GC_MAX_DEFER",

@@ -7,6 +7,7 @@ from the ledger) and DRA mode (tests/unit/test_scheduler_dra.py, the holder from
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -448,3 +449,32 @@ def test_the_evicted_holders_are_remembered_up_to_a_bound(monkeypatch: pytest.Mo
 
 def test_a_verdict_is_a_value() -> None:
     assert Verdict(False, "x") == Verdict(False, "x")
+
+
+def test_two_waiting_replicas_asking_at_once_evict_the_holder_once() -> None:
+    """Workers run in parallel: a second ask while the first eviction is in flight sends none."""
+    events = Events()
+    inside = threading.Event()
+    release = threading.Event()
+
+    class Slow(Writer):
+        def evict(self, pod: Mapping[str, Any]) -> None:
+            inside.set()
+            release.wait(5)
+            super().evict(pod)
+
+    writer = Slow()
+    ev = Evictions(writer, events)
+    holder = pod("w-0", "w-old")
+    first: list[str] = []
+    thread = threading.Thread(
+        target=lambda: first.append(ev.note(WAITING, holder, "ns/w-0", lookup(sts()), moves))
+    )
+    thread.start()
+    assert inside.wait(5)
+    assert ev.note(pod("w-2", "w-new"), holder, "ns/w-0", lookup(sts()), moves).endswith(
+        "waiting for it to go"
+    )
+    release.set()
+    thread.join(5)
+    assert first[0].startswith("evicted it (") and writer.evicted == ["w-0"] and len(events.sent) == 1
