@@ -35,6 +35,7 @@ from localcluster.toolcache import REPO, VERSIONS_FILE, bin_dirs, node_binaries,
 
 if TYPE_CHECKING:
     from localcluster.node import RealNode
+    from localcluster.nvidia_driver import InstalledDriver
 
 # Set (to the test's id) while a test without the `cluster` mark runs (tests/conftest.py):
 # Cluster.start then refuses, in that process and in every child it starts (demo, up, bench).
@@ -60,6 +61,8 @@ class Cluster(ServiceRoutes, ClusterNodes):
     webhook_client_ca_file: Path | None = None
     # The real kubelet node (Cluster.start(real_node=True)), else None: kwok plays every node.
     node: RealNode | None = None
+    # NVIDIA's DRA driver on the real node (Cluster.start(nvidia_gpus=N)), else None.
+    nvidia: InstalledDriver | None = None
 
     # ---------------------------------------------------------------- start/stop
     @classmethod
@@ -73,6 +76,7 @@ class Cluster(ServiceRoutes, ClusterNodes):
         service_network: bool = False,
         real_node: bool = False,
         images: Sequence[Path] = (),
+        nvidia_gpus: int = 0,
     ) -> Cluster:
         """Start every component; on any failure stop what was started and raise.
 
@@ -82,8 +86,12 @@ class Cluster(ServiceRoutes, ClusterNodes):
         kube-proxy (localcluster/node.py) instead of a kwok node; ``images`` (OCI archives,
         see localcluster/image.py) are loaded into its containerd. The apiserver then also
         listens on the pods' bridge, authorizes nodes (Node,RBAC), and the ``kubernetes``
-        Service has endpoints, as in a user's cluster.
+        Service has endpoints, as in a user's cluster. ``nvidia_gpus``: NVIDIA's DRA driver,
+        installed with its own chart on the real node over that many stand-in GPUs
+        (localcluster/nvidia_driver.py).
         """
+        if nvidia_gpus and not real_node:
+            raise ValueError("nvidia_gpus needs real_node=True: NVIDIA's DRA driver runs on the real node")
         refused_for = os.environ.get(NO_CONTROL_PLANE)
         if refused_for:
             raise RuntimeError(
@@ -120,6 +128,10 @@ class Cluster(ServiceRoutes, ClusterNodes):
             if cluster.node is not None:
                 cluster._start_real_node(pki, timeout)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)
+            if nvidia_gpus:
+                from localcluster import nvidia_driver
+
+                cluster.nvidia = nvidia_driver.install(cluster, nvidia_gpus, timeout=max(timeout, 300))
         except BaseException:
             cluster.stop()
             raise

@@ -11,6 +11,8 @@ state file, for ``make cluster-down`` and after a crash: :func:`cleanup_host`):
   ``cgroupRoot``);
 - the mounts under its work directory (pod volumes, container root filesystems, network
   namespaces);
+- with NVIDIA's DRA driver (localcluster/nvidia_driver.py): its CDI specs in the host's
+  ``/var/run/cdi`` (``k8s.gpu.nvidia.com*``), removed with the folders it made;
 - sysctls: the kubelet sets ``vm.overcommit_memory``, ``kernel.panic`` and
   ``kernel.panic_on_oops``, the bridge turns on ``net.ipv4.ip_forward``: their previous
   values are restored.
@@ -48,6 +50,9 @@ CONTAINER_LOG_LINKS = Path("/var/log/containers")
 SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
 NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+# NVIDIA's DRA driver writes its CDI specs here (its chart's fixed hostPath; containerd reads it).
+CDI_ROOT = Path("/var/run/cdi")
+CDI_DRIVER_PREFIX = "k8s.gpu.nvidia.com"
 
 
 class NodeUnavailable(RuntimeError):
@@ -107,6 +112,7 @@ def set_up_host(node_dir: Path, state_file: Path) -> None:
         "sysctls": {s: _sysctl_path(s).read_text().strip() for s in SYSCTLS if _sysctl_path(s).exists()},
         "run_containerd_existed": Path("/run/containerd").exists(),
         "container_log_links_existed": CONTAINER_LOG_LINKS.exists(),
+        "cdi_root_existed": CDI_ROOT.exists(),
     }
     state_file.write_text(json.dumps(state, indent=2))
     # Leftovers of a run that died without its cleanup: give them back first.
@@ -270,6 +276,12 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
             problems.append(f"umount {mnt}: {res.stderr.strip()}")
     _remove_network()
     problems += _remove_cgroups()
+    if CDI_ROOT.is_dir():
+        for spec in CDI_ROOT.glob(f"{CDI_DRIVER_PREFIX}*"):
+            spec.unlink(missing_ok=True)
+        if state and not state.get("cdi_root_existed"):
+            with contextlib.suppress(OSError):
+                CDI_ROOT.rmdir()
     for name, value in (state.get("sysctls") or {}).items():
         try:
             _sysctl_path(name).write_text(value)

@@ -12,7 +12,10 @@ Threads:
   (one node lookup, one ledger lookup per GPU, a sum over the pods on one
   node) and, only while this process is the leader, reserve and bind
   (:mod:`kube_gpu_scheduler.scheduler.placement`);
-* the leader elector, the event sender and the HTTP server.
+* the leader elector, the event sender and the HTTP server;
+* in DRA mode, the claim controller (:mod:`kube_gpu_scheduler.scheduler.dra`): its four
+  informers are started, reported and waited for with these, its workers start with
+  these, and it learns when this process starts leading.
 
 ``kube_gpu_scheduler.scheduler.main.build`` makes the objects (API clients, informers, elector)
 and hands them in: the class itself talks to no API, so a unit test drives
@@ -56,17 +59,32 @@ log = logging.getLogger("gpu_scheduler")
 BURST_GAP_S = 1.0
 
 
-class Cache(Protocol):
-    """What the scheduler reads of an informer (``kube_gpu_scheduler.kube.informer.Informer``)."""
+class Watched(Protocol):
+    """An informer as the scheduler starts, waits for and reports it."""
 
     synced: threading.Event
+
+    def alive(self) -> bool: ...
+    def start(self, stop: threading.Event) -> threading.Thread: ...
+
+
+class Cache(Watched, Protocol):
+    """What the scheduler reads of an informer (``kube_gpu_scheduler.kube.informer.Informer``)."""
 
     def get(self, key: str) -> Obj | None: ...
     def items(self) -> list[Obj]: ...
     def view(self) -> Mapping[str, Obj]: ...
-    def alive(self) -> bool: ...
-    def start(self, stop: threading.Event) -> threading.Thread: ...
     def __len__(self) -> int: ...
+
+
+class Controller(Protocol):
+    """A controller beside the placement loop, on the same process's informers and leadership
+    (DRA mode's :class:`kube_gpu_scheduler.scheduler.dra.ClaimController`)."""
+
+    def caches(self) -> Mapping[str, Watched]: ...
+    def start_workers(self, stop: threading.Event) -> list[threading.Thread]: ...
+    def started_leading(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 class Scheduler:
@@ -110,6 +128,7 @@ class Scheduler:
         self.assigned: Cache
         self.nodes: Cache
         self.elector: LeaderElector | None = None
+        self.controller: Controller | None = None
         self.stop_event = threading.Event()
         self._lock = threading.Lock()
         self._last_bind = float("-inf")  # time.monotonic() of the latest Binding
@@ -119,10 +138,17 @@ class Scheduler:
         self.metrics.track(lambda: len(self.queue), lambda: len(self.waiting))
 
     def attach(
-        self, pods: Cache, assigned: Cache, nodes: Cache, elector: LeaderElector | None = None
+        self,
+        pods: Cache,
+        assigned: Cache,
+        nodes: Cache,
+        elector: LeaderElector | None = None,
+        controller: Controller | None = None,
     ) -> None:
-        """The caches whose handlers are :meth:`handlers`, and the elector (None: always lead)."""
+        """The caches whose handlers are :meth:`handlers`, the elector (None: always lead), and
+        a controller that runs beside the placement loop (DRA mode's claim controller)."""
         self.pods, self.assigned, self.nodes, self.elector = pods, assigned, nodes, elector
+        self.controller = controller
 
     def handlers(self) -> tuple[_Handler, _Handler, _Handler]:
         """What the pods, the assigned-pods and the nodes informers call."""
@@ -165,6 +191,8 @@ class Scheduler:
         for pod in self.pods.items():
             if is_pending(pod):
                 self.queue.add(pod_key(pod))
+        if self.controller is not None:
+            self.controller.started_leading()
 
     def stopped_leading(self) -> None:
         self.metrics.leader.set(0)
@@ -339,8 +367,11 @@ class Scheduler:
     def probes(self) -> Probes:
         return Probes(self.health.alive, self.health.ready, self.health.summary, self.metrics.render)
 
-    def caches(self) -> dict[str, Cache]:
-        return {"pods": self.pods, "assigned-pods": self.assigned, "nodes": self.nodes}
+    def caches(self) -> dict[str, Watched]:
+        caches: dict[str, Watched] = {"pods": self.pods, "assigned-pods": self.assigned, "nodes": self.nodes}
+        if self.controller is not None:
+            caches.update(self.controller.caches())
+        return caches
 
     def start(self) -> None:
         """Start the watches and the event sender; :meth:`run_until_stopped` does the rest."""
@@ -367,6 +398,8 @@ class Scheduler:
             thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
             thread.start()
             self.workers.append(thread)
+        if self.controller is not None:
+            self.workers.extend(self.controller.start_workers(self.stop_event))
         if self.elector is not None:
             self.elector.start(self.stop_event)
         else:
@@ -377,6 +410,8 @@ class Scheduler:
         """Stop placing pods, then give up the Lease: no bind can follow the release."""
         self.stop_event.set()
         self.queue.shutdown()
+        if self.controller is not None:
+            self.controller.shutdown()
         deadline = time.monotonic() + timeout
         for thread in self.workers:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -18,11 +18,14 @@ from typing import Any
 from kubernetes import client
 
 from kube_gpu_scheduler.base import logs
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
 from kube_gpu_scheduler.kube.informer import Informer
 from kube_gpu_scheduler.kube.tls import server_context
 from kube_gpu_scheduler.scheduler import settings as settings_mod
 from kube_gpu_scheduler.scheduler.binding import PodWriter
+from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
 from kube_gpu_scheduler.scheduler.collector import QuietCollector
 from kube_gpu_scheduler.scheduler.core import Scheduler
 from kube_gpu_scheduler.scheduler.dra import ClaimController
@@ -39,7 +42,8 @@ log = logging.getLogger("gpu_scheduler")
 
 def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
     """The scheduler and everything it talks to the API with: the pod writer, the event
-    recorder, the three informers (whose handlers are the scheduler's) and the elector."""
+    recorder, the three informers (whose handlers are the scheduler's), the elector, and in
+    DRA mode the claim controller with its four informers, all on the one API client."""
     core = client.CoreV1Api(api_client)
     name = settings.scheduler_name
     metrics = Metrics()
@@ -89,21 +93,54 @@ def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
         )
         lease = elector
         metrics.track_leader(lambda: lease.health().last_renewal_age_s, lambda: lease.health().renewing)
-    sched.attach(pods, assigned, nodes, elector)
+    claims = build_claims(settings, api_client, sched) if settings.dra else None
+    sched.attach(pods, assigned, nodes, elector, claims)
     return sched
 
 
 def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
-    """DRA mode's claim controller: the scheduler's events, writer and leadership."""
-    return ClaimController(
-        api_client,
+    """DRA mode's claim controller: the scheduler's events, pod writer (evictions) and leadership,
+    a claim writer and four informers (whose handlers are the controller's) on the same client."""
+    claims = ClaimController(
         sched.events,
+        ClaimWriter(api_client, field_manager=settings.scheduler_name),
         sched.writer,
         sched.is_leader,
         driver=settings.dra_driver,
         device_class=settings.dra_device_class,
-        field_manager=settings.scheduler_name,
+        evict_other_workloads=settings.rollout_evict_other_workloads,
+        workers=settings.workers,
+        backoff=Backoff(settings.backoff_initial, settings.backoff_max),
     )
+    core, resource, apps = (
+        client.CoreV1Api(api_client),
+        client.ResourceV1Api(api_client),
+        client.AppsV1Api(api_client),
+    )
+    on_pods, on_claims, on_slices, on_statefulsets = claims.handlers()
+    claims.attach(
+        Informer(
+            "dra-pods",
+            core.list_pod_for_all_namespaces,
+            on_pods,
+            label_selector=f"{dra.POD_LABEL}=true",
+            on_relist=sched.relisted,
+        ),
+        Informer(
+            "resourceclaims",
+            resource.list_resource_claim_for_all_namespaces,
+            on_claims,
+            on_relist=sched.relisted,
+        ),
+        Informer("resourceslices", resource.list_resource_slice, on_slices, on_relist=sched.relisted),
+        Informer(
+            "statefulsets",
+            apps.list_stateful_set_for_all_namespaces,
+            on_statefulsets,
+            on_relist=sched.relisted,
+        ),
+    )
+    return claims
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         api_client = load_client(
             settings.kubeconfig,
-            pool_size=settings.workers + 8,
+            # The workers, the watches, the Lease and the events; in DRA mode also the claim
+            # controller's workers and its four watches.
+            pool_size=settings.workers + 8 + (settings.workers + 4 if settings.dra else 0),
             user_agent=f"gpu-scheduler/{settings.identity}",
         )
     except Exception as err:
@@ -176,8 +215,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.gc_max_defer,
         on_collected=scheduler.metrics.gc_collected,
     ).start(scheduler.stop_event, ready=lambda: all(c.synced.is_set() for c in scheduler.caches().values()))
-    if settings.dra:
-        build_claims(settings, api_client, scheduler).start(scheduler.stop_event)
     try:
         scheduler.run_until_stopped()
     finally:

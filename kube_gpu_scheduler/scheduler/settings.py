@@ -70,7 +70,7 @@ class Settings:
     # (a cause such as a device plugin restarting leaves no trace in the API). 0: never.
     kubelet_refusal_hold: float = 300.0
     # A replica waiting for a GPU that an outdated replica of ANOTHER StatefulSet of its
-    # namespace holds may evict it (kube_gpu_scheduler/scheduler/rollout.py). Off: only its own StatefulSet's.
+    # namespace holds may evict it (kube_gpu_scheduler/scheduler/eviction.py). Off: only its own StatefulSet's.
     rollout_evict_other_workloads: bool = False
     # DRA mode (kube_gpu_scheduler/scheduler/dra.py): make, pin and explain each replica's ResourceClaim, which
     # kube-scheduler allocates (the injection policy hands DRA replicas to it).
@@ -224,7 +224,13 @@ TABLE: tuple[Setting, ...] = (
         "--kubeconfig",
         "in-cluster config",
     ),
-    Setting("workers", "GPU_SCHEDULER_WORKERS", _INT, "pods placed in parallel", "--workers"),
+    Setting(
+        "workers",
+        "GPU_SCHEDULER_WORKERS",
+        _INT,
+        "pods placed in parallel; in DRA mode also the claim controller's worker threads",
+        "--workers",
+    ),
     Setting(
         "gc_max_defer",
         "GPU_SCHEDULER_GC_MAX_DEFER",

@@ -434,6 +434,44 @@ def test_two_replicas_trade_gpus_in_a_rolling_update(dra_env: Dra) -> None:
     assert env.events("w-0", "EvictedForRollout"), "the outdated w-0 was not evicted for the rollout"
 
 
+def test_a_holder_of_another_statefulset_is_named_not_evicted(dra_env: Dra) -> None:
+    """a's replica is mapped to the GPU b's replica holds (b's pinned claim): by default the one
+    rollout eviction decision evicts only an outdated replica of the waiting pod's own
+    StatefulSet, so b-0 stays, and a-0's GPUAllocatedElsewhere names both workloads and the way
+    out. Taking it (b's map moves b-0 elsewhere) places both, with no device given twice."""
+    env = dra_env
+    a = env.nodes["a"]
+    env.cluster.apply(env.statefulset("b", f"0={a}:0", 1))
+    wait_for(lambda: env.placed("b-0"), 90, what="b-0 placed")
+    b0 = (env.pod("b-0") or {})["metadata"]["uid"]
+    env.cluster.apply(env.statefulset("a", f"0={a}:0", 1))
+    ns = env.namespace
+    wait_for(
+        lambda: any(
+            f"Pod {ns}/b-0: it belongs to another workload, StatefulSet {ns}/b, not to the waiting pod's "
+            f"StatefulSet {ns}/a" in n
+            for n in env.events("a-0", "GPUAllocatedElsewhere")
+        ),
+        60,
+        what="a GPUAllocatedElsewhere event on a-0 naming b-0 and both workloads",
+    )
+    note = env.events("a-0", "GPUAllocatedElsewhere")[-1]
+    assert f"ResourceClaim {ns}/b-0-gpus (pod {ns}/b-0)" in note, note
+    assert "GPU_SCHEDULER_ROLLOUT_EVICT_OTHER_WORKLOADS=true" in note and f"delete pod {ns}/b-0" in note, note
+    assert (env.pod("b-0") or {})["metadata"]["uid"] == b0, "b-0 was replaced"
+    assert not env.events("b-0", "EvictedForRollout"), "b-0 was evicted"
+    assert not (env.pod("a-0") or {})["spec"].get("nodeName")
+    # The way out the note gives: change one of the two maps.
+    env.cluster.apply(env.statefulset("b", f"0={a}:2", 1))
+    for name in ("a-0", "b-0"):
+        wait_for(lambda name=name: env.placed(name), 120, what=f"{name} placed")  # type: ignore[misc]
+    devs = env.devices("a")
+    assert [x.device for x in dra.allocation(env.claim("a-0-gpus") or {})] == [devs[0].name]
+    assert [x.device for x in dra.allocation(env.claim("b-0-gpus") or {})] == [devs[2].name]
+    assert not env.events("b-0", "EvictedForRollout")
+    no_device_twice(env)
+
+
 def test_a_gpu_that_disappears_under_an_allocated_claim(dra_env: Dra) -> None:
     """The driver stops publishing an allocated GPU (it fell off the bus): the allocation stays,
     the replica gets an AllocatedGPUGone event naming the GPU, and the GPU is given to nobody."""

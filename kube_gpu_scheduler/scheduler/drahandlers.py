@@ -1,0 +1,161 @@
+"""The claim controller's informer handlers: record into the indexes, enqueue the keys a
+change can affect, nothing more (they run on the informer threads).
+
+Keys: ``pod:ns/name`` (a DRA replica), ``claim:ns/name`` (a claim gpu-scheduler made).
+
+| change | enqueues |
+|---|---|
+| a DRA replica added, or changed in what the controller reads | that replica |
+| a DRA replica deleted | its claim |
+| a claim added, changed or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
+| a ResourceSlice of our driver on node N | the replicas whose entry is on N |
+| a StatefulSet added, deleted, or changed in what the controller reads | its replicas and its claims |
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.objects import Pod
+from kube_gpu_scheduler.domain.podinfo import map_text
+from kube_gpu_scheduler.kube.backoff import Backoff
+from kube_gpu_scheduler.kube.informer import Obj, object_key
+from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, DeviceKey, claim_pod, is_ours
+from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
+
+POD = "pod:"
+CLAIM = "claim:"
+
+
+class Cache(Protocol):
+    """What the claim controller reads of an informer (``kube_gpu_scheduler.kube.informer.Informer``)."""
+
+    synced: threading.Event
+
+    def get(self, key: str) -> Obj | None: ...
+    def items(self) -> list[Obj]: ...
+    def alive(self) -> bool: ...
+    def start(self, stop: threading.Event) -> threading.Thread: ...
+
+
+class Handler:
+    def __init__(
+        self, add: Callable[[Obj], None], update: Callable[[Obj, Obj], None], delete: Callable[[Obj], None]
+    ) -> None:
+        self.on_add = add
+        self.on_update = update
+        self.on_delete = delete
+
+
+def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the controller reads of a replica: a status update that changes none of it (kubelet,
+    kube-scheduler's conditions) enqueues nothing."""
+    view = Pod(pod)
+    return (
+        view.uid,
+        view.node_name,
+        view.deleting,
+        view.phase,
+        dict(view.labels),
+        map_text(view.meta),
+        view.spec.get("schedulingGates"),
+        view.spec.get("resourceClaims"),
+        view.owner_references,
+    )
+
+
+def statefulset_signature(sts: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the controller reads of a StatefulSet (not its replica counts in status)."""
+    view = Pod(sts)
+    template = view.spec.get("template") or {}
+    return (
+        view.uid,
+        view.deleting,
+        view.spec.get("replicas"),
+        view.spec.get("updateStrategy"),
+        map_text(template.get("metadata")),
+        view.status.get("updateRevision"),
+    )
+
+
+class DraHandlers:
+    def __init__(self, index: ClaimIndex, queue: WorkQueue, backoff: Backoff) -> None:
+        self._index = index
+        self._queue = queue
+        self._backoff = backoff
+
+    def handlers(self) -> tuple[Handler, Handler, Handler, Handler]:
+        """For the DRA pods, the claims, the slices and the StatefulSets informers."""
+        return (
+            Handler(lambda pod: self._pod(None, pod), self._pod, self._pod_deleted),
+            Handler(self._claim, lambda old, new: self._claim(new), self._claim_deleted),
+            Handler(self._slice, self._slice_updated, self._slice_deleted),
+            Handler(lambda sts: self._statefulset(None, sts), self._statefulset, self._set_changed),
+        )
+
+    def _pods(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._queue.add(POD + key)
+
+    # -- DRA replicas ----------------------------------------------------------------------------
+
+    def _pod(self, old: Obj | None, pod: Obj) -> None:
+        self._index.pod(pod)
+        if old is None or pod_signature(old) != pod_signature(pod):
+            self._queue.add(POD + object_key(pod))
+
+    def _pod_deleted(self, pod: Obj) -> None:
+        key = object_key(pod)
+        self._index.forget_pod(key)
+        self._backoff.forget(POD + key)
+        view = Pod(pod)
+        # A claim whose replica is gone may be released (scaled away, no StatefulSet).
+        self._queue.add(
+            f"{CLAIM}{view.namespace}/{dra.pod_claim_name(pod) or dra.claim_name(view.name or '')}"
+        )
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def _claim(self, claim: Obj) -> None:
+        self._claim_seen(claim, self._index.claim(claim))
+        if is_ours(claim):
+            self._queue.add(CLAIM + object_key(claim))
+
+    def _claim_deleted(self, claim: Obj) -> None:
+        self._backoff.forget(CLAIM + object_key(claim))
+        self._claim_seen(claim, self._index.forget_claim(claim))
+
+    def _claim_seen(self, claim: Obj, freed: Iterable[DeviceKey]) -> None:
+        self._pods(self._index.waiting_for(freed))
+        pod = claim_pod(claim)
+        if pod is not None:
+            self._queue.add(POD + pod)
+
+    # -- slices --------------------------------------------------------------------------------
+
+    def _slice(self, obj: Obj) -> None:
+        self._pods(self._index.pods_on(*self._index.slice(obj)))
+
+    def _slice_updated(self, old: Obj, new: Obj) -> None:
+        if (old.get("spec") or {}) != (new.get("spec") or {}):
+            self._slice(new)
+
+    def _slice_deleted(self, obj: Obj) -> None:
+        self._pods(self._index.pods_on(*self._index.forget_slice(obj)))
+
+    # -- StatefulSets --------------------------------------------------------------------------
+
+    def _statefulset(self, old: Obj | None, sts: Obj) -> None:
+        if old is None or statefulset_signature(old) != statefulset_signature(sts):
+            self._set_changed(sts)
+
+    def _set_changed(self, sts: Obj) -> None:
+        uid = Pod(sts).uid
+        if not uid:
+            return
+        self._pods(self._index.pods_of(uid))
+        for key in self._index.claims_of(uid):
+            self._queue.add(CLAIM + key)
