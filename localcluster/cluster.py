@@ -119,7 +119,12 @@ class Cluster(ServiceRoutes, ClusterNodes):
             if cluster.node is not None:
                 cluster.node.prepare_host()
                 cluster._write_state()
-                cluster.node.start_containerd(cluster._spawn_node_process, timeout)
+                runtimes = {}
+                if nvidia_gpus:
+                    from localcluster import nvidia_driver
+
+                    runtimes = nvidia_driver.runtime_handlers(cluster.node)
+                cluster.node.start_containerd(cluster._spawn_node_process, timeout, runtimes)
                 for archive in images:
                     cluster.node.import_image(Path(archive))
             if service_network:

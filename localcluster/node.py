@@ -19,7 +19,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +105,18 @@ class ControlPlane:
         return path
 
 
+def _runtime_handler(name: str, binary: Path) -> str:
+    """A containerd runtime handler ``name`` running ``binary`` through the runc shim."""
+    table = f'[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{name}]'
+    return (
+        f"    {table}\n"
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        f"      [{table[1:-1]}.options]\n"
+        f'        BinaryName = "{binary}"\n'
+        "        SystemdCgroup = false\n"
+    )
+
+
 class RealNode:
     """One kubelet node. Build it with :meth:`start`; :meth:`stop` gives the host back."""
 
@@ -136,7 +148,14 @@ class RealNode:
         """Take the lock, record what will change, then set up the bridge, routes and cgroups."""
         set_up_host(self.dir, self.state_file)
 
-    def start_containerd(self, spawn: Callable[[str, Sequence[str]], ManagedProcess], timeout: float) -> None:
+    def start_containerd(
+        self,
+        spawn: Callable[[str, Sequence[str]], ManagedProcess],
+        timeout: float,
+        runtimes: Mapping[str, Path] | None = None,
+    ) -> None:
+        """containerd with runc as the default runtime; ``runtimes``: more runtime handlers
+        (name -> the runc-compatible binary), as a RuntimeClass's ``handler`` names them."""
         cd = self.dir / "containerd"
         cni_conf = self.dir / "cni" / "net.d"
         cni_conf.mkdir(parents=True, exist_ok=True)
@@ -205,7 +224,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         SystemdCgroup = false
-  [plugins."io.containerd.cri.v1.runtime".cni]
+{"".join(_runtime_handler(name, binary) for name, binary in (runtimes or {}).items())}  [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{cni_bin_dir()}"]
     conf_dir = "{cni_conf}"
     max_conf_num = 1

@@ -12,7 +12,8 @@ state file, for ``make cluster-down`` and after a crash: :func:`cleanup_host`):
 - the mounts under its work directory (pod volumes, container root filesystems, network
   namespaces);
 - with NVIDIA's DRA driver (localcluster/nvidia_driver.py): its CDI specs in the host's
-  ``/var/run/cdi`` (``k8s.gpu.nvidia.com*``), removed with the folders it made;
+  ``/var/run/cdi`` (``k8s.gpu.nvidia.com*``, the toolkit's ``management.nvidia.com*``),
+  removed, and the folder when the node made it;
 - sysctls: the kubelet sets ``vm.overcommit_memory``, ``kernel.panic`` and
   ``kernel.panic_on_oops``, the bridge turns on ``net.ipv4.ip_forward``: their previous
   values are restored.
@@ -52,7 +53,8 @@ NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 # NVIDIA's DRA driver writes its CDI specs here (its chart's fixed hostPath; containerd reads it).
 CDI_ROOT = Path("/var/run/cdi")
-CDI_DRIVER_PREFIX = "k8s.gpu.nvidia.com"
+# The DRA driver's specs (k8s.gpu.nvidia.com-claim_<uid>.yaml) and the toolkit's management spec.
+CDI_NVIDIA_PREFIXES = ("k8s.gpu.nvidia.com", "management.nvidia.com")
 
 
 class NodeUnavailable(RuntimeError):
@@ -130,12 +132,25 @@ def set_up_host(node_dir: Path, state_file: Path) -> None:
                 (h / CGROUP_ROOT / f).write_text((h / f).read_text())
 
 
+# Seconds to wait for another real node to stop instead of failing at once (0: fail at once).
+# For several checkouts sharing one machine; CI runs one test run and never waits.
+LOCK_WAIT_ENV = "GPU_SCHEDULER_NODE_LOCK_WAIT"
+
+
 def take_lock(node_dir: Path) -> None:
     # The check and the write under one flock: two nodes starting at once cannot both see
     # the lock free. (The lock itself outlives this process: it names containerd's pid.)
-    with open(LOCK_FILE.with_name(LOCK_FILE.name + ".guard"), "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        _take_lock_locked(node_dir)
+    deadline = time.monotonic() + float(os.environ.get(LOCK_WAIT_ENV) or 0)
+    while True:
+        try:
+            with open(LOCK_FILE.with_name(LOCK_FILE.name + ".guard"), "w") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                _take_lock_locked(node_dir)
+            return
+        except NodeUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(5)
 
 
 def _take_lock_locked(node_dir: Path) -> None:
@@ -277,8 +292,9 @@ def cleanup_host(node_dir: Path, containerd: ManagedProcess | None = None) -> li
     _remove_network()
     problems += _remove_cgroups()
     if CDI_ROOT.is_dir():
-        for spec in CDI_ROOT.glob(f"{CDI_DRIVER_PREFIX}*"):
-            spec.unlink(missing_ok=True)
+        for prefix in CDI_NVIDIA_PREFIXES:
+            for spec in CDI_ROOT.glob(f"{prefix}*"):
+                spec.unlink(missing_ok=True)
         if state and not state.get("cdi_root_existed"):
             with contextlib.suppress(OSError):
                 CDI_ROOT.rmdir()

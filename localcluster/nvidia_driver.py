@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localcluster import dra, image
+from localcluster.node_host import CDI_ROOT
 from localcluster.nvidia import DRIVER_NAME, DriverRoot, Machine, build_driver_root
 from localcluster.toolcache import tool, versions
 
 if TYPE_CHECKING:
     from localcluster.cluster import Cluster
+    from localcluster.node import RealNode
 
 RELEASE = "nvidia-dra-driver-gpu"
 NAMESPACE = "nvidia-dra-driver-gpu"
@@ -43,6 +45,12 @@ REPOSITORY = "localhost/dra-driver-nvidia-gpu"
 # The node label the chart's kubelet-plugin affinity asks for (GPU feature discovery sets it).
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 PRESTART = "hack/kubelet-plugin-prestart.sh"
+# The real node's own label (localcluster/node.py, --node-labels).
+REAL_NODE_LABEL = "gpu-scheduler.dev/localcluster-node"
+# The GPU Operator's RuntimeClass (and containerd handler) for NVIDIA's runtime, in cdi mode.
+RUNTIME_CLASS = "nvidia"
+# The management CDI spec the operator's toolkit writes (one device, `all`).
+MANAGEMENT_SPEC = "management.nvidia.com-gpu.yaml"
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,9 @@ def chart_values(plugin: PluginImage, root: DriverRoot, kubelet_root: Path) -> d
         "kubeletPlugin": {
             "kubeletRegistrarDirectoryPath": str(kubelet_root / "plugins_registry"),
             "kubeletPluginsDirectoryPath": str(kubelet_root / "plugins"),
-            # The real node is the control-plane node (its NoSchedule taint).
+            # The real node only (the kwok GPU nodes carry the GPU label too, and run nothing),
+            # which is the control-plane node (its NoSchedule taint).
+            "nodeSelector": {REAL_NODE_LABEL: "real"},
             "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}],
         },
     }
@@ -161,6 +171,72 @@ def _share_mount(path: Path) -> None:
         subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
 
 
+def toolkit_dir(node: RealNode) -> Path:
+    return node.dir / "nvidia" / "toolkit"
+
+
+def runtime_handlers(node: RealNode) -> dict[str, Path]:
+    """containerd's runtime handlers for the node (localcluster/node.py): ``nvidia``, NVIDIA's
+    runtime through a wrapper that names its config, as the GPU Operator's toolkit installs it."""
+    return {RUNTIME_CLASS: toolkit_dir(node) / "nvidia-container-runtime"}
+
+
+def _install_toolkit(cluster: Cluster, node: RealNode, root: DriverRoot) -> None:
+    """NVIDIA's container runtime as the GPU Operator >= 25.10 sets it up with CDI on: the runtime
+    in ``cdi`` mode behind the ``nvidia`` handler and RuntimeClass (never the default runtime),
+    a management CDI spec with the one device ``all``, the accept-envvar setting on."""
+    import shutil
+
+    from localcluster.nvidia_tools import runtime_config
+
+    folder = toolkit_dir(node)
+    config = folder / ".config" / "nvidia-container-runtime" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    runc = shutil.which("runc") or "runc"
+    config.write_text(
+        runtime_config(
+            root,
+            nvidia_ctk=tool("nvidia-ctk"),
+            low_level_runtime=runc,
+            spec_dirs=[CDI_ROOT, Path("/etc/cdi")],
+            log_file=folder / "nvidia-container-runtime.log",
+        )
+    )
+    wrapper = runtime_handlers(node)[RUNTIME_CLASS]
+    wrapper.write_text(
+        "#!/bin/sh\n# NVIDIA's runtime with its config (the GPU Operator's toolkit installs it so).\n"
+        f'XDG_CONFIG_HOME="{config.parent.parent}" exec "{tool("nvidia-container-runtime")}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    CDI_ROOT.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            str(tool("nvidia-ctk")),
+            "cdi",
+            "generate",
+            "--mode=management",
+            f"--driver-root={root.path}",
+            f"--dev-root={root.path}",
+            f"--nvidia-cdi-hook-path={tool('nvidia-cdi-hook')}",
+            f"--output={CDI_ROOT / MANAGEMENT_SPEC}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    cluster.apply(
+        [
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": RUNTIME_CLASS},
+                "handler": RUNTIME_CLASS,
+            }
+        ]
+    )
+
+
 def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDriver:
     """Install NVIDIA's DRA driver on the cluster's real node over ``gpus`` stand-in GPUs, and wait
     until the plugin has published the node's ResourceSlice with every one of them."""
@@ -169,10 +245,15 @@ def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDrive
     node = cluster.node
     if node is None:
         raise RuntimeError("NVIDIA's DRA driver runs on the real node: Cluster.start(real_node=True)")
-    # Minors not in PCI bus order (shift 1), as on many machines: an index is resolved by bus order.
-    root = build_driver_root(node.dir / "nvidia-root", Machine.for_node(NODE_NAME, gpus, shift=1))
+    # The chart mounts the root's parent and the kubelet's plugin folder with mount propagation,
+    # which runc allows only from a shared mount: each is a shared bind mount of itself.
+    parent = node.dir / "nvidia"
+    _share_mount(parent)
     kubelet_root = node.sock_dir / "kubelet"
     _share_mount(kubelet_root)
+    # Minors not in PCI bus order (shift 1), as on many machines: an index is resolved by bus order.
+    root = build_driver_root(parent / "root", Machine.for_node(NODE_NAME, gpus, shift=1))
+    _install_toolkit(cluster, node, root)
     plugin = plugin_image()
     node.import_image(plugin.archive)
     cluster.kubectl("label", "node", NODE_NAME, f"{GPU_PRESENT_LABEL}=true", "--overwrite")
