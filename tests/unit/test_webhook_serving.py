@@ -187,7 +187,7 @@ def test_idle_tls_and_tcp_connections_do_not_delay_mutate(certs: Path, tmp_path:
         warnings = [
             r
             for r in records(proc)
-            if r["level"] == "warning" and r["logger"] == "kube_gpu_scheduler.webhook.serve"
+            if r["level"] == "warning" and r["logger"] == "webhook.serve"
         ]
         reasons = {r.get("reason") for r in warnings}
         assert {"header_timeout", "handshake_timeout"} <= reasons, warnings
