@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from localcluster import dra
+from localcluster import dra, nvidia
 from localcluster.cluster import REPO
 from localcluster.procs import pid_alive
 
@@ -85,7 +85,17 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
             "gpu-scheduler-check-0": ("node1", "gpu-2,gpu-3", "yes"),
             "gpu-scheduler-check-1": ("node2", "gpu-2", "yes"),
             "gpu-scheduler-check-2": ("node3", "gpu-3", "yes"),
+            # On the real node, under NVIDIA's own DRA driver: index 1 is its gpu-0 (bus order).
+            "gpu-scheduler-check-3": ("control-plane", "gpu-0", "yes"),
         }, res.stdout
+        # That replica is a real container: what it sees from inside is its claim's GPU.
+        real = nvidia.Machine.for_node("control-plane", 4, shift=1).in_bus_order()[1]
+        sees = re.search(
+            r"^gpu-scheduler-check-3\s+control-plane\s+(GPU-\S+)\s+(\S+)\s.*\((GPU-\S+)\)$", res.stdout, re.M
+        )
+        assert sees and sees.group(1) == sees.group(3) == real.uuid, res.stdout
+        assert sees.group(2).lower() == "0000" + real.pci_bus_id, res.stdout
+        assert "it sees exactly the GPUs its claim was allocated, and no others" in res.stderr
     else:
         assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[-1]) for r in rows] == [
             ("0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", "yes"),
