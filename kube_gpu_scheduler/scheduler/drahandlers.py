@@ -8,7 +8,8 @@ Keys: ``pod:ns/name`` (a DRA replica), ``claim:ns/name`` (a claim gpu-scheduler 
 | a DRA replica added, or changed in what the controller reads | that replica |
 | a DRA replica deleted | its claim |
 | a claim added, changed or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
-| a ResourceSlice of our driver on node N | the replicas whose entry is on N |
+| a ResourceSlice of our driver on node N (its devices, their taints) | the replicas whose entry is on N, and the claims of ours allocated in its pool |
+| a DeviceTaintRule added, deleted, or changed in its selector or taint | the replicas whose entry is on a node with a pool it selects (selected), and the claims of ours allocated there |
 | a StatefulSet added, deleted, or changed in what the controller reads | its replicas and its claims |
 """
 
@@ -87,13 +88,14 @@ class DraHandlers:
         self._queue = queue
         self._backoff = backoff
 
-    def handlers(self) -> tuple[Handler, Handler, Handler, Handler]:
-        """For the DRA pods, the claims, the slices and the StatefulSets informers."""
+    def handlers(self) -> tuple[Handler, Handler, Handler, Handler, Handler]:
+        """For the DRA pods, the claims, the slices, the StatefulSets and the DeviceTaintRules informers."""
         return (
             Handler(lambda pod: self._pod(None, pod), self._pod, self._pod_deleted),
             Handler(self._claim, lambda old, new: self._claim(new), self._claim_deleted),
             Handler(self._slice, self._slice_updated, self._slice_deleted),
             Handler(lambda sts: self._statefulset(None, sts), self._statefulset, self._set_changed),
+            Handler(self._rule, self._rule_updated, self._rule_deleted),
         )
 
     def _pods(self, keys: Iterable[str]) -> None:
@@ -136,15 +138,34 @@ class DraHandlers:
 
     # -- slices --------------------------------------------------------------------------------
 
+    def _devices_changed(self, nodes: Iterable[str], pools: Iterable[str]) -> None:
+        self._pods(self._index.pods_on(*nodes))
+        for key in self._index.ours_in(pools):
+            self._queue.add(CLAIM + key)
+
     def _slice(self, obj: Obj) -> None:
-        self._pods(self._index.pods_on(*self._index.slice(obj)))
+        self._devices_changed(*self._index.slice(obj))
 
     def _slice_updated(self, old: Obj, new: Obj) -> None:
         if (old.get("spec") or {}) != (new.get("spec") or {}):
             self._slice(new)
 
     def _slice_deleted(self, obj: Obj) -> None:
-        self._pods(self._index.pods_on(*self._index.forget_slice(obj)))
+        self._devices_changed(*self._index.forget_slice(obj))
+
+    # -- DeviceTaintRules ------------------------------------------------------------------------
+
+    def _rule(self, obj: Obj) -> None:
+        pools = self._index.rule(obj)
+        self._devices_changed(self._index.nodes_of(pools), pools)
+
+    def _rule_updated(self, old: Obj, new: Obj) -> None:
+        if (old.get("spec") or {}) != (new.get("spec") or {}):  # not its status (the eviction's progress)
+            self._rule(new)
+
+    def _rule_deleted(self, obj: Obj) -> None:
+        pools = self._index.forget_rule(obj)
+        self._devices_changed(self._index.nodes_of(pools), pools)
 
     # -- StatefulSets --------------------------------------------------------------------------
 

@@ -208,8 +208,8 @@ class World:
             evict_other_workloads=other_workloads,
         )
         on = self.ctl.handlers()
-        self.pods, self.claims, self.slices, self.sets = (Informer(h) for h in on)
-        self.ctl.attach(self.pods, self.claims, self.slices, self.sets)
+        self.pods, self.claims, self.slices, self.sets, self.rules = (Informer(h) for h in on)
+        self.ctl.attach(self.pods, self.claims, self.slices, self.sets, self.rules)
         for node in nodes:
             self.slices.put(node_slice(node))
         self.drain()
@@ -707,6 +707,7 @@ def test_the_scheduler_starts_reports_and_leads_with_the_claim_controller() -> N
         "resourceclaims",
         "resourceslices",
         "statefulsets",
+        "devicetaintrules",
     ]
     assert sched.health.ready()["resourceclaims-synced"]
     sched.started_leading()
