@@ -167,6 +167,10 @@ class ClaimController:
     def shutdown(self) -> None:
         self.queue.shutdown()
 
+    def busy(self) -> bool:
+        """Keys ready or in hand: a burst (the scheduler's Normal Events and full collections wait)."""
+        return self.queue.busy()
+
     def _work(self, stop: threading.Event) -> None:
         while not stop.is_set():
             key = self.queue.get(timeout=1.0)
@@ -186,16 +190,16 @@ class ClaimController:
             return Next.DONE  # whoever leads enqueues every replica when it starts leading
         replica = key.startswith(POD)
         name = key.removeprefix(POD) if replica else key.removeprefix(CLAIM)
-        kind, start = "pod" if replica else "claim", time.monotonic()
+        kind, start, cpu = "pod" if replica else "claim", time.monotonic(), time.thread_time()
         try:
             done = self._replica(name) if replica else self._claim(name)
         except ApiException as err:
             log.warning("DRA: API call failed", extra={"key": key, "error": short_error(err)})
             done = Next.AGAIN
         except Exception:
-            self.metrics.key(kind, "error", time.monotonic() - start)
+            self.metrics.key(kind, "error", time.monotonic() - start, time.thread_time() - cpu)
             raise
-        self.metrics.key(kind, done.value, time.monotonic() - start)
+        self.metrics.key(kind, done.value, time.monotonic() - start, time.thread_time() - cpu)
         if replica and done is not Next.WAITING:
             self.index.wait(name, ())
         if done is Next.DONE:

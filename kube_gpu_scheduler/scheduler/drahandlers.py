@@ -7,7 +7,7 @@ Keys: ``pod:ns/name`` (a DRA replica), ``claim:ns/name`` (a claim gpu-scheduler 
 |---|---|
 | a DRA replica added, or changed in what the controller reads | that replica |
 | a DRA replica deleted | its claim |
-| a claim added, changed or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
+| a claim added, changed in what the controller reads (not its finalizers alone), or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
 | a ResourceSlice of our driver on node N (its devices, their taints) | the replicas whose entry is on N, and the claims of ours allocated in its pool |
 | a DeviceTaintRule added, deleted, or changed in its selector or taint | the replicas whose entry is on a node with a pool it selects (selected), and the claims of ours allocated there |
 | a StatefulSet added, deleted, or changed in what the controller reads | its replicas and its claims |
@@ -59,12 +59,29 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         view.uid,
         view.node_name,
         view.deleting,
-        view.phase,
+        view.phase in ("Succeeded", "Failed"),  # Pending -> Running changes nothing it decides
         dict(view.labels),
         map_text(view.meta),
         view.spec.get("schedulingGates"),
         view.spec.get("resourceClaims"),
         view.owner_references,
+    )
+
+
+def claim_signature(claim: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the controller reads of a claim: an update of its finalizers alone (kube-scheduler
+    adds one before it allocates) enqueues nothing."""
+    view = Pod(claim)
+    status = view.status
+    return (
+        view.uid,
+        view.deleting,
+        dict(view.labels),
+        dict(view.annotations),
+        view.owner_references,
+        view.spec,
+        status.get("allocation"),
+        status.get("reservedFor"),
     )
 
 
@@ -92,7 +109,7 @@ class DraHandlers:
         """For the DRA pods, the claims, the slices, the StatefulSets and the DeviceTaintRules informers."""
         return (
             Handler(lambda pod: self._pod(None, pod), self._pod, self._pod_deleted),
-            Handler(self._claim, lambda old, new: self._claim(new), self._claim_deleted),
+            Handler(self._claim, self._claim_updated, self._claim_deleted),
             Handler(self._slice, self._slice_updated, self._slice_deleted),
             Handler(lambda sts: self._statefulset(None, sts), self._statefulset, self._set_changed),
             Handler(self._rule, self._rule_updated, self._rule_deleted),
@@ -125,6 +142,13 @@ class DraHandlers:
         self._claim_seen(claim, self._index.claim(claim))
         if is_ours(claim):
             self._queue.add(CLAIM + object_key(claim))
+
+    def _claim_updated(self, old: Obj, new: Obj) -> None:
+        freed = self._index.claim(new)
+        if freed or claim_signature(old) != claim_signature(new):
+            self._claim_seen(new, freed)
+            if is_ours(new):
+                self._queue.add(CLAIM + object_key(new))
 
     def _claim_deleted(self, claim: Obj) -> None:
         self._backoff.forget(CLAIM + object_key(claim))

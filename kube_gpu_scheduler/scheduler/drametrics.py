@@ -7,8 +7,11 @@
   an API error: retried with the key's backoff), ``waiting`` (for a device another claim holds:
   retried too) or ``error`` (an unexpected exception, logged);
 * ``gpu_scheduler_dra_key_processing_seconds{kind}``: the time one key's work took, its API
-  writes included (what ``make bench`` reads to show that it does not grow with the cluster's
-  other claims);
+  writes included;
+* ``gpu_scheduler_dra_key_cpu_seconds_total{kind}``: the CPU time the worker threads spent on
+  keys (``time.thread_time``: the wait for an API answer left out), the controller's own work:
+  what ``make bench`` reads to show that the work per replica does not grow with the cluster's
+  other claims;
 * ``gpu_scheduler_dra_events_total{reason}``: the Events the controller reported, by reason.
 """
 
@@ -76,6 +79,14 @@ class ClaimMetrics:
             buckets=KEY_BUCKETS,
             registry=r,
         )
+        self.cpu = Counter(
+            "gpu_scheduler_dra_key_cpu_seconds",
+            "CPU time the DRA claim controller's worker threads spent on keys (waits for the API left out), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        for kind in KINDS:
+            self.cpu.labels(kind)
         self.events = Counter(
             "gpu_scheduler_dra_events",
             "Events the DRA claim controller reported, by reason (a repeated note counts each time; "
@@ -89,9 +100,10 @@ class ClaimMetrics:
     def track(self, queue_depth: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
 
-    def key(self, kind: str, outcome: str, seconds: float) -> None:
+    def key(self, kind: str, outcome: str, seconds: float, cpu_seconds: float) -> None:
         self.processed.labels(kind, outcome).inc()
         self.seconds.labels(kind).observe(seconds)
+        self.cpu.labels(kind).inc(max(0.0, cpu_seconds))
 
     def counting(self, events: EventRecorder) -> EventRecorder:
         """``events``, each Event counted by reason on its way."""

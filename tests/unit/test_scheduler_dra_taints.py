@@ -305,6 +305,7 @@ def test_the_controllers_metrics_count_keys_outcomes_time_and_events() -> None:
     assert 'gpu_scheduler_dra_keys_processed_total{kind="claim",outcome="done"} 1.0' in text
     assert 'gpu_scheduler_dra_keys_processed_total{kind="pod",outcome="again"} 0.0' in text
     assert 'gpu_scheduler_dra_key_processing_seconds_count{kind="pod"} 1.0' in text
+    assert 'gpu_scheduler_dra_key_cpu_seconds_total{kind="pod"} ' in text
     assert 'gpu_scheduler_dra_events_total{reason="GPUNotPublished"} 1.0' in text
     assert 'gpu_scheduler_dra_events_total{reason="GPUTainted"} 0.0' in text
     assert "gpu_scheduler_dra_queue_depth 2.0" in text  # w-0 (still queued from its add) and w-1
