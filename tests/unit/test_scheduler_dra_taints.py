@@ -322,3 +322,26 @@ def test_an_unexpected_error_is_counted_and_raised() -> None:
     assert (
         'gpu_scheduler_dra_keys_processed_total{kind="pod",outcome="error"} 1.0' in metrics.render().decode()
     )
+
+
+def test_main_build_gives_the_controller_a_devicetaintrule_informer_and_the_schedulers_registry() -> None:
+    """DRA mode's wiring (nothing is started: the client points nowhere)."""
+    from kubernetes import client
+
+    from kube_gpu_scheduler.kube.informer import Informer
+    from kube_gpu_scheduler.scheduler.main import build
+    from kube_gpu_scheduler.scheduler.settings import Settings
+
+    sched = build(Settings(identity="t", leader_elect=False, dra=True).validate(), client.ApiClient())
+    caches = sched.caches()
+    assert list(caches)[-5:] == [
+        "dra-pods",
+        "resourceclaims",
+        "resourceslices",
+        "statefulsets",
+        "devicetaintrules",
+    ]
+    rules = caches["devicetaintrules"]
+    assert isinstance(rules, Informer) and rules._list_fn.__name__ == "list_device_taint_rule"
+    text = sched.metrics.render().decode()
+    assert "gpu_scheduler_dra_queue_depth 0.0" in text and "gpu_scheduler_pods_bound_total" in text
