@@ -116,13 +116,24 @@ class TaintedGpus:
                 f"and its ResourceClaim {name} is released (unpinned and deleted) once {gone}: a NoExecute "
                 "taint must not stay allocated. "
             )
-        elif dra.allocation(claim):
-            note += (
-                f"and its ResourceClaim {name} keeps the GPU pinned (NoSchedule evicts nothing), so "
-                "gpu-scheduler keeps the pod's scheduling gate closed. "
-            )
         else:
-            note += "so gpu-scheduler keeps the pod's scheduling gate closed. "
+            # A gate opened before the taint came cannot be closed again: kube-scheduler then
+            # keeps the pod pending (its own FailedScheduling says so) until the taint goes.
+            hold = (
+                "gpu-scheduler keeps the pod's scheduling gate closed"
+                if dra.gated(pod)
+                else "the pod stays pending (its gate was opened before the taint came)"
+            )
+            if dra.allocation(claim) and not dra.gated(pod):
+                note += (
+                    f"but its ResourceClaim {name} is allocated already and its gate was opened before the "
+                    "taint came: kube-scheduler checks taints only when it allocates, so it may still bind "
+                    "the pod to that claim. "
+                )
+            elif dra.allocation(claim):
+                note += f"and its ResourceClaim {name} keeps the GPU pinned (NoSchedule evicts nothing), so {hold}. "
+            else:
+                note += f"so {hold}. "
         note += f"It is placed as soon as the taint is gone: {_way_out(found)}; or map the replica to another GPU."
         self._events.warning(pod, GPU_TAINTED, note)
 

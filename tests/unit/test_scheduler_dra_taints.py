@@ -345,3 +345,17 @@ def test_main_build_gives_the_controller_a_devicetaintrule_informer_and_the_sche
     assert isinstance(rules, Informer) and rules._list_fn.__name__ == "list_device_taint_rule"
     text = sched.metrics.render().decode()
     assert "gpu_scheduler_dra_queue_depth 0.0" in text and "gpu_scheduler_pods_bound_total" in text
+
+
+def test_a_taint_after_the_gate_opened_is_told_as_it_is() -> None:
+    """A gate cannot be closed again: a pending replica whose GPU is tainted after its gate
+    opened stays pending in kube-scheduler (its claim unallocated), and the note says so."""
+    w = World()
+    pod = w.pods.put(replica("w-0", "0=n1:0", gated=False))
+    w.claims.put(w.claim(pod))
+    w.rules.put(rule("late", pool="n1"))
+    w.drain()
+    assert w.ctl.process("pod:ns/w-0") is Next.DONE
+    assert w.writer.calls == []
+    [note] = w.events.notes(GPU_TAINTED)
+    assert "so the pod stays pending (its gate was opened before the taint came)" in note, note
