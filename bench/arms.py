@@ -82,6 +82,12 @@ class Run:
     # the same control plane in the same run (the p99 bound, bench/report.py).
     own_p99: float = float("nan")
     p99_without_own: float = float("nan")
+    # DRA arms D and DF (bench/dra.py): the claim controller's replica keys processed during the
+    # run, their mean processing time and the mean CPU time its workers spent on one (its
+    # gpu_scheduler_dra_key_processing_seconds and gpu_scheduler_dra_key_cpu_seconds metrics).
+    dra_keys: int = 0
+    dra_key_ms: float = float("nan")
+    dra_key_cpu_ms: float = float("nan")
 
     @property
     def correct(self) -> bool:

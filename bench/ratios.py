@@ -7,6 +7,7 @@ import math
 import statistics
 
 from bench.arms import ARMS, Run
+from bench.dra import DRA_ARMS
 from bench.scales import Results, Scale
 
 
@@ -153,6 +154,10 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
                     "",
                 )
             )
+    if any(r.arm in DRA_ARMS for r in results.runs):
+        from bench.drareport import dra_ratios  # (it reads this module's helpers)
+
+        rows += dra_ratios(results.runs, scale.dra_plan, scale.dra_foreign)
     mem = results.memory
     if mem.get("scheduler_idle"):
         rows.append(

@@ -65,11 +65,15 @@ class Raw:
         ok: Iterable[int] = (200, 201),
         tries: int = 5,
         as_user: str | None = None,
+        content_type: str | None = None,
     ) -> Any:
         """One call; retried on 429/5xx; returns the decoded JSON answer. ``as_user``: made as that
-        user (an ``Impersonate-User`` header: the apiserver's admission sees its userInfo)."""
+        user (an ``Impersonate-User`` header: the apiserver's admission sees its userInfo);
+        ``content_type``: the body's, when not JSON (a merge patch)."""
         wanted = set(ok)
         headers = self.headers if as_user is None else {**self.headers, "Impersonate-User": as_user}
+        if content_type:
+            headers = {**headers, "Content-Type": content_type}
         for attempt in range(tries):
             resp = self.pool.request(method, self.server + path, body=body, headers=headers)
             if resp.status in wanted:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARM_NAMES, ARMS, INJECTION_NAMES, INJECTIONS, Run
+from bench.drareport import dra_section
 from bench.ratios import (
     median,
     ms_spread,
@@ -285,6 +286,10 @@ each run every pod is read back: injected (webhook or policies) each carries
 `CUDA_VISIBLE_DEVICES` of its entry, without injection none.
 
 {webhook_table(results, scale)}
+
+## DRA mode
+
+{dra_section(results.runs, scale.dra_plan, scale.dra_foreign, results.memory_notes.get("dra_foreign", ""))}
 
 ## Memory (VmRSS)
 

@@ -10,8 +10,10 @@ Order (each step on the same control plane, so the ratios compare like with like
    (A B C L, then B C L A, ...); after each run the placement is read back and checked,
    then its pods are deleted;
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
-6. one more scheduler run of the largest plan under py-spy (the profile);
-7. the report (bench.report).
+6. DRA mode against kube-scheduler on claims made beforehand (bench/dra.py: its own gpu-scheduler
+   in DRA mode, started for that phase only);
+7. one more scheduler run of the largest plan under py-spy (the profile);
+8. the report (bench.report).
 
 The scales and the results record are bench/scales.py; memory, CPU time and the
 profile's summary are bench/measure.py.
@@ -42,6 +44,7 @@ from bench.arms import (
     create_namespace,
     delete_pods,
 )
+from bench.dra import DraBench
 from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
@@ -454,6 +457,7 @@ class Bench:
             self.start()
             self.bind_arms()
             self.webhook_arms()
+            DraBench(self, TUNED).run()
             self.profile()
         finally:
             self.results.duration_s = round(time.monotonic() - t0, 1)

@@ -15,6 +15,9 @@ from typing import Any
 from bench.arms import Run
 from bench.workload import Plan
 
+# The DRA phase's plan at the default scale (bench/dra.py): 100 nodes, 500 replicas, one per node.
+DRA_PLAN = Plan(100, 500, 1)
+
 
 @dataclass(frozen=True)
 class Scale:
@@ -29,6 +32,9 @@ class Scale:
     # workers, so that neither is held back by a smaller client than the other's.
     bind_threads: int = 16
     timeout: float = 600
+    # The DRA phase (bench/dra.py): its plan, and how many other allocated claims arm DF runs beside.
+    dra_plan: Plan = DRA_PLAN
+    dra_foreign: int = 3000
 
     @property
     def plans(self) -> list[Plan]:
@@ -37,7 +43,17 @@ class Scale:
 
 _DEFAULT = (100, (Plan(100, 500, 1), Plan(100, 500, 5)))
 SCALES = {
-    "smoke": Scale("smoke", ((10, (Plan(10, 20, 1), Plan(10, 20, 2))),), 1, 20, (3, 20), 50, timeout=120),
+    "smoke": Scale(
+        "smoke",
+        ((10, (Plan(10, 20, 1), Plan(10, 20, 2))),),
+        1,
+        20,
+        (3, 20),
+        50,
+        timeout=120,
+        dra_plan=Plan(10, 20, 1),
+        dra_foreign=40,
+    ),
     "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000),
     "full": Scale(
         "full",

@@ -23,10 +23,11 @@ every node of a model) only ever matches on that node.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from kube_gpu_scheduler.domain.schedmap import Entry, gpu_kind, gpu_name
+from kube_gpu_scheduler.domain.devicetaints import Taint, slice_taints
+from kube_gpu_scheduler.domain.schedmap import Entry, MapError, gpu_kind, gpu_name, parse
 
 DRIVER = "gpu.nvidia.com"
 DEVICE_CLASS = "gpu.nvidia.com"
@@ -60,7 +61,8 @@ def normal_name(text: str) -> str:
 
 @dataclass(frozen=True)
 class Device:
-    """One GPU a node publishes: the slice's pool and device name, and its attributes."""
+    """One GPU a node publishes: the slice's pool and device name, its attributes, and the taints
+    its slice gives it (the claim controller adds those of the DeviceTaintRules that select it)."""
 
     node: str
     pool: str
@@ -68,6 +70,7 @@ class Device:
     uuid: str
     pci_bus_id: str
     product: str = ""
+    taints: tuple[Taint, ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         """``gpu-2 (0000:3b:00.0, GPU-...)``"""
@@ -121,6 +124,7 @@ def node_devices(slices: Iterable[Mapping[str, Any]], node: str, driver: str = D
                     uuid=normal_name(_attribute(attrs, driver, UUID_ATTRIBUTE)),
                     pci_bus_id=normal_name(_attribute(attrs, PCI_DOMAIN, PCI_ATTRIBUTE)),
                     product=_attribute(attrs, driver, "productName"),
+                    taints=slice_taints(d),
                 )
             )
     devices.sort(key=lambda d: (d.pci_bus_id == "", d.pci_bus_id, d.name))
@@ -287,3 +291,54 @@ def gated(pod: Mapping[str, Any]) -> bool:
         for g in (pod.get("spec") or {}).get("schedulingGates") or []
         if isinstance(g, Mapping)
     )
+
+
+# -- what the claim controller reads of its claims and replicas ------------------------------------
+
+
+def pin(sts_name: str, sts_uid: str) -> dict[str, str]:
+    """The StatefulSet's entry in a claim's ``status.reservedFor`` (the pin)."""
+    return {"apiGroup": "apps", "resource": "statefulsets", "name": sts_name, "uid": sts_uid}
+
+
+def is_pin(ref: Mapping[str, Any]) -> bool:
+    return ref.get("apiGroup") == "apps" and ref.get("resource") == "statefulsets"
+
+
+def pod_refs(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pods a claim is reserved for."""
+    return [
+        r
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup")
+    ]
+
+
+def statefulset_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The pod's controller owner reference, when a StatefulSet (apps/*) is its controller."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == "StatefulSet"
+            and str(ref.get("apiVersion", "")).startswith("apps/")
+            and ref.get("controller")
+        ):
+            return ref
+    return None
+
+
+def entry_ordinal(text: str) -> int | None:
+    """The ordinal of an entry's text (``1=node2:0``), without parsing the rest."""
+    head = text.split("=", 1)[0].strip()
+    return int(head) if head.isdigit() and len(head) < 10 else None
+
+
+def made_for(claim: Mapping[str, Any]) -> Entry | None:
+    """The entry a claim of gpu-scheduler's was made for (its :data:`ENTRY_ANNOTATION`)."""
+    text = ((claim.get("metadata") or {}).get("annotations") or {}).get(ENTRY_ANNOTATION)
+    if not isinstance(text, str):
+        return None
+    try:
+        return next(iter(parse(text).values()), None)
+    except MapError:
+        return None

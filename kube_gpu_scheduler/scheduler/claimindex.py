@@ -3,7 +3,9 @@ key's work reads only what concerns it, and each change enqueues only the keys i
 
 * claims by the devices their allocation gives them (who holds ``(driver, pool, device)``),
   by the StatefulSet that owns them, and the claims gpu-scheduler made;
-* the ResourceSlices of our driver by node;
+* the ResourceSlices of our driver by node and by pool, and the claims of ours by the pools
+  of their allocation;
+* the DeviceTaintRules by the pools they may taint (:data:`ANY`: a rule that names none);
 * the DRA replicas by their entry's node and by their StatefulSet's UID;
 * the replicas waiting for a device another claim holds (recorded by the worker that
   found it held; the claim's release enqueues them).
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain.devicetaints import ANY, rule_pools
 from kube_gpu_scheduler.domain.objects import Meta
 from kube_gpu_scheduler.domain.podinfo import entry_for
 from kube_gpu_scheduler.domain.schedmap import MapError
@@ -69,6 +72,14 @@ class Relation(Generic[V]):
         with self._lock:
             return {k for v in values for k in self._by.get(v, ())}
 
+    def every_value(self) -> set[V]:
+        with self._lock:
+            return set(self._by)
+
+    def every_key(self) -> set[str]:
+        with self._lock:
+            return set(self._of)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._of)
@@ -111,6 +122,9 @@ class ClaimIndex:
         self._owned: Relation[str] = Relation()  # claim key -> the UID of its owner StatefulSet
         self._ours: Relation[bool] = Relation()  # claim key -> {True}: made by gpu-scheduler
         self._slices: Relation[str] = Relation()  # slice key -> {its node} (our driver's slices)
+        self._slice_pools: Relation[str] = Relation()  # slice key -> {its pool} (our driver's slices)
+        self._claim_pools: Relation[str] = Relation()  # claim of ours -> the pools of its allocation
+        self._rules: Relation[str] = Relation()  # DeviceTaintRule -> the pools it may taint, or ANY
         self._pod_nodes: Relation[str] = Relation()  # DRA pod key -> {its entry's node}
         self._pod_sets: Relation[str] = Relation()  # DRA pod key -> {its StatefulSet's UID}
         self._waits: Relation[DeviceKey] = Relation()  # DRA pod key -> devices held by others
@@ -124,6 +138,9 @@ class ClaimIndex:
         owner = statefulset_uid(claim, controller=False)
         self._owned.put(key, [owner] if owner else [])
         self._ours.put(key, [True] if is_ours(claim) else [])
+        self._claim_pools.put(
+            key, {pool for driver, pool, _ in held if driver == self.driver} if is_ours(claim) else []
+        )
         return self._held.put(key, held) - held
 
     def forget_claim(self, claim: Mapping[str, Any]) -> frozenset[DeviceKey]:
@@ -131,6 +148,7 @@ class ClaimIndex:
         key = object_key(claim)
         self._owned.drop(key)
         self._ours.drop(key)
+        self._claim_pools.drop(key)
         return self._held.drop(key)
 
     def holders(self, device: DeviceKey) -> list[str]:
@@ -143,20 +161,50 @@ class ClaimIndex:
     def ours(self) -> set[str]:
         return self._ours.keys(True)
 
+    def ours_in(self, pools: Iterable[str]) -> set[str]:
+        """The claims of ours allocated a device of one of ``pools`` (every one for :data:`ANY`)."""
+        pools = set(pools)
+        return self.ours() if ANY in pools else self._claim_pools.keys(*pools)
+
     # -- slices ------------------------------------------------------------------------------
 
-    def slice(self, obj: Mapping[str, Any]) -> set[str]:
-        """Record a ResourceSlice; returns the nodes whose published devices it may change."""
+    def slice(self, obj: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+        """Record a ResourceSlice; returns the nodes and the pools whose devices it may change."""
         spec = Meta(obj).spec
-        node = spec.get("nodeName")
-        now = {node} if spec.get("driver") == self.driver and isinstance(node, str) and node else set()
-        return set(self._slices.put(object_key(obj), now)) | now
+        node, pool = spec.get("nodeName"), (spec.get("pool") or {}).get("name")
+        ours = spec.get("driver") == self.driver
+        now = {node} if ours and isinstance(node, str) and node else set()
+        pools = {pool} if ours and isinstance(pool, str) and pool else set()
+        key = object_key(obj)
+        return set(self._slices.put(key, now)) | now, set(self._slice_pools.put(key, pools)) | pools
 
-    def forget_slice(self, obj: Mapping[str, Any]) -> set[str]:
-        return set(self._slices.drop(object_key(obj)))
+    def forget_slice(self, obj: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+        key = object_key(obj)
+        return set(self._slices.drop(key)), set(self._slice_pools.drop(key))
 
     def slices_on(self, node: str) -> set[str]:
         return self._slices.keys(node)
+
+    def nodes_of(self, pools: Iterable[str]) -> set[str]:
+        """The nodes whose slices of our driver hold one of ``pools`` (every one for :data:`ANY`)."""
+        pools = set(pools)
+        if ANY in pools:
+            return self._slices.every_value()
+        return {n for k in self._slice_pools.keys(*pools) for n in self._slices.values(k)}
+
+    # -- DeviceTaintRules --------------------------------------------------------------------
+
+    def rule(self, obj: Mapping[str, Any]) -> set[str]:
+        """Record a DeviceTaintRule; returns the pools it may have tainted or may taint now."""
+        now = rule_pools(obj, self.driver)
+        return set(self._rules.put(object_key(obj), now)) | now
+
+    def forget_rule(self, obj: Mapping[str, Any]) -> set[str]:
+        return set(self._rules.drop(object_key(obj)))
+
+    def rules_for(self, pool: str) -> list[str]:
+        """The DeviceTaintRules that may taint a device of our driver in ``pool``."""
+        return sorted(self._rules.keys(pool, ANY))
 
     # -- DRA replicas ------------------------------------------------------------------------
 

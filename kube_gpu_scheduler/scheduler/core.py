@@ -82,6 +82,7 @@ class Controller(Protocol):
     (DRA mode's :class:`kube_gpu_scheduler.scheduler.dra.ClaimController`)."""
 
     def caches(self) -> Mapping[str, Watched]: ...
+    def busy(self) -> bool: ...
     def start_workers(self, stop: threading.Event) -> list[threading.Thread]: ...
     def started_leading(self) -> None: ...
     def shutdown(self) -> None: ...
@@ -333,8 +334,14 @@ class Scheduler:
         """Pods are being placed: some wait in the queue or are in hand, or one was bound within
         the last ``BURST_GAP_S``. The second half matters when pods arrive one by one (a
         StatefulSet, a Job's burst): the queue then empties between them, yet it is a burst,
-        and each Scheduled Event sent during it costs the apiserver about what a Binding does."""
-        return self.queue.busy() or time.monotonic() - self._last_bind < BURST_GAP_S
+        and each Scheduled Event sent during it costs the apiserver about what a Binding does.
+        In DRA mode, keys in the claim controller's hands count too (its ClaimCreated Events wait
+        the same way: the claims and the gates go first)."""
+        return (
+            self.queue.busy()
+            or time.monotonic() - self._last_bind < BURST_GAP_S
+            or (self.controller is not None and self.controller.busy())
+        )
 
     def _bound(
         self,

@@ -21,14 +21,17 @@ mapped replica to kube-scheduler, pinned to its node, with a reference to the cl
   naming the claim and its pods, and for each pod what the rollout eviction decision of
   :mod:`kube_gpu_scheduler.scheduler.eviction` says: evicted, or why it stays), a claim that
   is not ours (``ClaimNotOurs``), a slice that changed under an allocated claim
-  (``AllocatedGPUGone``).
+  (``AllocatedGPUGone``);
+* keeps a replica off a GPU with a ``NoSchedule`` or ``NoExecute`` device taint (its slice's or
+  a DeviceTaintRule's): its gate stays closed (``GPUTainted``), and a pinned claim on a
+  ``NoExecute`` GPU is released once no pod uses it (:mod:`kube_gpu_scheduler.scheduler.drataints`).
 
 kube-scheduler allocates; this controller never writes ``status.allocation``: one allocator
 for every DRA device in the cluster, so no GPU is ever allocated twice.
 
 It is built as the scheduler is (:mod:`kube_gpu_scheduler.scheduler.core`): ``main.build``
-makes its four informers (DRA replicas by label, ResourceClaims, ResourceSlices,
-StatefulSets) on the one API client and hands them in; their handlers
+makes its five informers (DRA replicas by label, ResourceClaims, ResourceSlices,
+StatefulSets, DeviceTaintRules) on the one API client and hands them in; their handlers
 (:mod:`kube_gpu_scheduler.scheduler.drahandlers`) record into the indexes of
 :mod:`kube_gpu_scheduler.scheduler.claimindex` and put keys on a :class:`WorkQueue`:
 ``pod:ns/name`` (a replica) and ``claim:ns/name`` (a claim gpu-scheduler made). Worker
@@ -36,7 +39,7 @@ threads process one key at a time, reading only that key's objects from the cach
 that waits on something no watch shows (a PodDisruptionBudget, an API error, a conflict) is
 retried with its own capped backoff. The writes go through
 :class:`kube_gpu_scheduler.scheduler.claimwriter.ClaimWriter` and the scheduler's
-``PodWriter`` (evictions).
+``PodWriter`` (evictions). Its metrics: :mod:`kube_gpu_scheduler.scheduler.drametrics`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,6 +71,8 @@ from kube_gpu_scheduler.kube.informer import Obj, object_key
 from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, DeviceKey, is_ours
 from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
 from kube_gpu_scheduler.scheduler.drahandlers import CLAIM, POD, Cache, DraHandlers, Handler
+from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
+from kube_gpu_scheduler.scheduler.drataints import Tainted, TaintedGpus, evicting, tainted
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.eviction import Evictions, Evictor
 from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
@@ -80,40 +86,8 @@ class Next(enum.Enum):
     WAITING = "waiting"  # waits for a device another claim holds: retry with backoff too
 
 
-def _pin(sts_name: str, sts_uid: str) -> dict[str, str]:
-    return {"apiGroup": "apps", "resource": "statefulsets", "name": sts_name, "uid": sts_uid}
-
-
-def _is_pin(ref: Mapping[str, Any]) -> bool:
-    return ref.get("apiGroup") == "apps" and ref.get("resource") == "statefulsets"
-
-
-def _pod_refs(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    return [
-        r
-        for r in (claim.get("status") or {}).get("reservedFor") or []
-        if r.get("resource") == "pods" and not r.get("apiGroup")
-    ]
-
-
-def _statefulset_ref(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for ref in Pod(pod).owner_references:
-        if (
-            ref.get("kind") == "StatefulSet"
-            and str(ref.get("apiVersion", "")).startswith("apps/")
-            and ref.get("controller")
-        ):
-            return ref
-    return None
-
-
 def _terminal(pod: Mapping[str, Any]) -> bool:
     return Pod(pod).phase in ("Succeeded", "Failed")
-
-
-def _entry_ordinal(text: str) -> int | None:
-    head = text.split("=", 1)[0].strip()
-    return int(head) if head.isdigit() and len(head) < 10 else None
 
 
 class ClaimController:
@@ -131,7 +105,10 @@ class ClaimController:
         evict_other_workloads: bool = False,
         workers: int = 1,
         backoff: Backoff | None = None,
+        metrics: ClaimMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or ClaimMetrics()
+        events = self.metrics.counting(events)
         self._events = events
         self._writer = writer
         self._leading = leading
@@ -139,8 +116,10 @@ class ClaimController:
         self.device_class = device_class
         self.evictions = Evictions(evictor, events, evict_other_workloads)
         self.queue = WorkQueue()
+        self.metrics.track(lambda: len(self.queue))
         self.backoff = backoff or Backoff(1.0, 60.0)
         self.index = ClaimIndex(driver)
+        self.tainted = TaintedGpus(self.index, events, driver)
         self._workers = workers
         self.threads: list[threading.Thread] = []
         self._on = DraHandlers(self.index, self.queue, self.backoff)
@@ -150,13 +129,14 @@ class ClaimController:
         self.slices: Cache
         self.statefulsets: Cache
 
-    def handlers(self) -> tuple[Handler, Handler, Handler, Handler]:
-        """What the DRA pods, the claims, the slices and the StatefulSets informers call."""
+    def handlers(self) -> tuple[Handler, Handler, Handler, Handler, Handler]:
+        """What the DRA pods, claims, slices, StatefulSets and DeviceTaintRules informers call."""
         return self._on.handlers()
 
-    def attach(self, pods: Cache, claims: Cache, slices: Cache, statefulsets: Cache) -> None:
+    def attach(self, pods: Cache, claims: Cache, slices: Cache, statefulsets: Cache, rules: Cache) -> None:
         """The caches whose handlers are :meth:`handlers`."""
         self.pods, self.claims, self.slices, self.statefulsets = pods, claims, slices, statefulsets
+        self.tainted.rules = rules
 
     def caches(self) -> dict[str, Cache]:
         return {
@@ -164,6 +144,7 @@ class ClaimController:
             "resourceclaims": self.claims,
             "resourceslices": self.slices,
             "statefulsets": self.statefulsets,
+            "devicetaintrules": self.tainted.rules,
         }
 
     # -- leadership and workers ----------------------------------------------------------------
@@ -186,6 +167,10 @@ class ClaimController:
     def shutdown(self) -> None:
         self.queue.shutdown()
 
+    def busy(self) -> bool:
+        """Keys ready or in hand: a burst (the scheduler's Normal Events and full collections wait)."""
+        return self.queue.busy()
+
     def _work(self, stop: threading.Event) -> None:
         while not stop.is_set():
             key = self.queue.get(timeout=1.0)
@@ -205,11 +190,16 @@ class ClaimController:
             return Next.DONE  # whoever leads enqueues every replica when it starts leading
         replica = key.startswith(POD)
         name = key.removeprefix(POD) if replica else key.removeprefix(CLAIM)
+        kind, start, cpu = "pod" if replica else "claim", time.monotonic(), time.thread_time()
         try:
             done = self._replica(name) if replica else self._claim(name)
         except ApiException as err:
             log.warning("DRA: API call failed", extra={"key": key, "error": short_error(err)})
             done = Next.AGAIN
+        except Exception:
+            self.metrics.key(kind, "error", time.monotonic() - start, time.thread_time() - cpu)
+            raise
+        self.metrics.key(kind, done.value, time.monotonic() - start, time.thread_time() - cpu)
         if replica and done is not Next.WAITING:
             self.index.wait(name, ())
         if done is Next.DONE:
@@ -221,9 +211,14 @@ class ClaimController:
     # -- a replica ----------------------------------------------------------------------------
 
     def devices(self, node: str) -> list[dra.Device]:
-        """The driver's devices on ``node`` (its slices only, from the index)."""
+        """The driver's devices on ``node`` (its slices only, from the index), with their taints."""
         slices = [s for k in self.index.slices_on(node) if (s := self.slices.get(k)) is not None]
-        return dra.node_devices(slices, node, self.driver)
+        return self.tainted.with_rules(dra.node_devices(slices, node, self.driver))
+
+    def _allocated(self, claim: Mapping[str, Any], devices: list[dra.Device]) -> list[dra.Device]:
+        """The published devices the claim is allocated."""
+        held = {(a.pool, a.device) for a in dra.allocation(claim) if a.driver == self.driver}
+        return [d for d in devices if (d.pool, d.name) in held]
 
     def _statefulset(self, namespace: str, ref: Mapping[str, Any] | None) -> Obj | None:
         """The StatefulSet ``ref`` names in ``namespace``, if it is that one (its UID)."""
@@ -247,8 +242,9 @@ class ClaimController:
             return Next.DONE  # the map policy refuses such a pod; nothing of ours to make
         if entry is None or ordinal is None:
             return Next.DONE
+        devices = self.devices(entry.node)
         try:
-            resolved: list[dra.Device] | None = dra.resolve(entry, self.devices(entry.node))
+            resolved: list[dra.Device] | None = dra.resolve(entry, devices)
             unresolved = ""
         except dra.Unresolved as err:
             resolved, unresolved = None, str(err)
@@ -285,7 +281,7 @@ class ClaimController:
         # devices (an index whose PCI order moved) while nothing is allocated yet.
         asks_moved = wanted is not None and asks != wanted["spec"]["devices"]["requests"]
         if made_for != str(entry) or (asks_moved and not allocated):
-            users = [str(r.get("name")) for r in _pod_refs(claim) if r.get("uid") != view.uid]
+            users = [str(r.get("name")) for r in dra.pod_refs(claim) if r.get("uid") != view.uid]
             if bound or users:
                 log.debug(
                     "claim made for another entry waits for its pods",
@@ -311,6 +307,21 @@ class ClaimController:
                     f"'{entry}': {why}.",
                 )
             return done
+        # The entry's devices, and those the claim holds (they differ only after a slice change).
+        found = tainted(
+            [*(resolved or ()), *(d for d in self._allocated(claim, devices) if d not in (resolved or ()))]
+        )
+        if found:
+            if bound and allocated:
+                self.tainted.running(pod, ordinal, entry, claim, found)
+                if evicting(found):
+                    return Next.DONE  # not pinned: Kubernetes evicts it, then the claim is released
+            elif not bound:
+                users = [str(r.get("name")) for r in dra.pod_refs(claim) if r.get("uid") != view.uid]
+                if allocated and evicting(found) and not users:
+                    return self._release_tainted(claim, pod, found, entry.node)
+                self.tainted.waits(pod, ordinal, entry, claim, found, users=users)
+                return Next.DONE  # the gate stays closed; the taint's going queues the replica
         if dra.gated(pod):
             if not self._writer.open_gate(pod):
                 return Next.AGAIN  # changed or gone under us: look again
@@ -325,7 +336,7 @@ class ClaimController:
                     "The allocation stays (kube-scheduler gives its devices to nobody else); delete the pod "
                     "once the node publishes the GPU again, or change the map.",
                 )
-            ref = _statefulset_ref(pod)
+            ref = dra.statefulset_ref(pod)
             if ref is not None and self._statefulset(namespace, ref) is not None:
                 return self._ensure_pin(claim, str(ref.get("name")), str(ref.get("uid")))
             return Next.DONE
@@ -362,14 +373,14 @@ class ClaimController:
     def _explain_holder(self, pod: Obj, ordinal: int, entry: Entry, device: dra.Device, holder: Obj) -> None:
         hview = Pod(holder)
         hns = hview.namespace or ""
-        users = ", ".join(f"pod {hns}/{r.get('name')}" for r in _pod_refs(holder)) or "no running pod"
+        users = ", ".join(f"pod {hns}/{r.get('name')}" for r in dra.pod_refs(holder)) or "no running pod"
         where = f"{entry.node}/{device.describe()}"
         note = (
             f"{GPU_ALLOCATED_ELSEWHERE}: replica {ordinal} (entry '{entry}') waits for {where}, which is "
             f"allocated to ResourceClaim {hns}/{hview.name} ({users}). It is placed as soon as that "
             "claim releases it."
         )
-        for ref in _pod_refs(holder) if is_ours(holder) else ():
+        for ref in dra.pod_refs(holder) if is_ours(holder) else ():
             said = self._holder_note(pod, hns, ref, device)
             if said:
                 note += f" Pod {hns}/{ref.get('name')}: {said}."
@@ -406,12 +417,12 @@ class ClaimController:
         if claim is None or not is_ours(claim):
             return Next.DONE
         cview = Pod(claim)
-        pins = [r for r in (claim.get("status") or {}).get("reservedFor") or [] if _is_pin(r)]
+        pins = [r for r in (claim.get("status") or {}).get("reservedFor") or [] if dra.is_pin(r)]
         owner = next((o for o in cview.owner_references if o.get("kind") == "StatefulSet"), None)
         pod_name = (cview.name or "").removesuffix(dra.CLAIM_SUFFIX)
         pod = self.pods.get(f"{cview.namespace}/{pod_name}")
         if owner is None:  # a replica no StatefulSet owns: never pinned, deleted with its pod
-            if pod is None and not _pod_refs(claim) and not cview.deleting:
+            if pod is None and not dra.pod_refs(claim) and not cview.deleting:
                 return self._unpin(claim, delete=True)
             return Next.DONE
         sts = self._statefulset(cview.namespace or "", owner)
@@ -419,16 +430,21 @@ class ClaimController:
             if pins:
                 return self._unpin(claim, delete=sts is None and not cview.deleting)
             return Next.DONE
-        ordinal = _entry_ordinal(cview.annotations.get(dra.ENTRY_ANNOTATION, ""))
+        ordinal = dra.entry_ordinal(cview.annotations.get(dra.ENTRY_ANNOTATION, ""))
         replicas = int(((sts.get("spec") or {}).get("replicas")) or 0)
-        if pod is None and not _pod_refs(claim) and ordinal is not None and ordinal >= replicas:
+        if pod is None and not dra.pod_refs(claim) and ordinal is not None and ordinal >= replicas:
             return self._unpin(claim, delete=True)  # scaled away: its GPUs go back to everyone
+        entry = dra.made_for(claim)
+        if entry is not None and not dra.pod_refs(claim) and not (pod and Pod(pod).node_name):
+            found = evicting(tainted(self._allocated(claim, self.devices(entry.node))))
+            if found:  # a NoExecute GPU, no pod left on it: the pin must not keep it allocated
+                return self._release_tainted(claim, pod, found, entry.node)
         return Next.DONE
 
     # -- writes ----------------------------------------------------------------------------
 
     def _create(self, pod: Obj, namespace: str, name: str, entry: Entry, devices: list[dra.Device]) -> Next:
-        ref = _statefulset_ref(pod)
+        ref = dra.statefulset_ref(pod)
         owner = (
             {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": ref["name"], "uid": ref["uid"]}
             if ref is not None
@@ -451,16 +467,24 @@ class ClaimController:
 
     def _ensure_pin(self, claim: Obj, sts_name: str, sts_uid: str) -> Next:
         reserved = list((claim.get("status") or {}).get("reservedFor") or [])
-        if any(_is_pin(r) and r.get("uid") == sts_uid for r in reserved):
+        if any(dra.is_pin(r) and r.get("uid") == sts_uid for r in reserved):
             return Next.DONE
-        if not self._writer.put_reserved(claim, [*reserved, _pin(sts_name, sts_uid)]):
+        if not self._writer.put_reserved(claim, [*reserved, dra.pin(sts_name, sts_uid)]):
             return Next.AGAIN  # changed under us: look again
         log.info("pinned ResourceClaim", extra={"claim": object_key(claim), "statefulset": sts_name})
         return Next.DONE
 
+    def _release_tainted(self, claim: Obj, pod: Obj | None, found: list[Tainted], node: str) -> Next:
+        done = self._unpin(claim, delete=True)
+        if done is Next.DONE:
+            log.info("released a claim on a NoExecute-tainted GPU", extra={"claim": object_key(claim)})
+            if pod is not None:
+                self.tainted.released(pod, claim, found, node)
+        return done
+
     def _unpin(self, claim: Obj, *, delete: bool) -> Next:
         reserved = list((claim.get("status") or {}).get("reservedFor") or [])
-        kept = [r for r in reserved if not _is_pin(r)]
+        kept = [r for r in reserved if not dra.is_pin(r)]
         if len(kept) != len(reserved):
             if not self._writer.put_reserved(claim, kept):
                 return Next.AGAIN

@@ -7,8 +7,9 @@ Keys: ``pod:ns/name`` (a DRA replica), ``claim:ns/name`` (a claim gpu-scheduler 
 |---|---|
 | a DRA replica added, or changed in what the controller reads | that replica |
 | a DRA replica deleted | its claim |
-| a claim added, changed or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
-| a ResourceSlice of our driver on node N | the replicas whose entry is on N |
+| a claim added, changed in what the controller reads (not its finalizers alone), or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
+| a ResourceSlice of our driver on node N (its devices, their taints) | the replicas whose entry is on N, and the claims of ours allocated in its pool |
+| a DeviceTaintRule added, deleted, or changed in its selector or taint | the replicas whose entry is on a node with a pool it selects (selected), and the claims of ours allocated there |
 | a StatefulSet added, deleted, or changed in what the controller reads | its replicas and its claims |
 """
 
@@ -58,12 +59,29 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         view.uid,
         view.node_name,
         view.deleting,
-        view.phase,
+        view.phase in ("Succeeded", "Failed"),  # Pending -> Running changes nothing it decides
         dict(view.labels),
         map_text(view.meta),
         view.spec.get("schedulingGates"),
         view.spec.get("resourceClaims"),
         view.owner_references,
+    )
+
+
+def claim_signature(claim: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What the controller reads of a claim: an update of its finalizers alone (kube-scheduler
+    adds one before it allocates) enqueues nothing."""
+    view = Pod(claim)
+    status = view.status
+    return (
+        view.uid,
+        view.deleting,
+        dict(view.labels),
+        dict(view.annotations),
+        view.owner_references,
+        view.spec,
+        status.get("allocation"),
+        status.get("reservedFor"),
     )
 
 
@@ -87,13 +105,14 @@ class DraHandlers:
         self._queue = queue
         self._backoff = backoff
 
-    def handlers(self) -> tuple[Handler, Handler, Handler, Handler]:
-        """For the DRA pods, the claims, the slices and the StatefulSets informers."""
+    def handlers(self) -> tuple[Handler, Handler, Handler, Handler, Handler]:
+        """For the DRA pods, the claims, the slices, the StatefulSets and the DeviceTaintRules informers."""
         return (
             Handler(lambda pod: self._pod(None, pod), self._pod, self._pod_deleted),
-            Handler(self._claim, lambda old, new: self._claim(new), self._claim_deleted),
+            Handler(self._claim, self._claim_updated, self._claim_deleted),
             Handler(self._slice, self._slice_updated, self._slice_deleted),
             Handler(lambda sts: self._statefulset(None, sts), self._statefulset, self._set_changed),
+            Handler(self._rule, self._rule_updated, self._rule_deleted),
         )
 
     def _pods(self, keys: Iterable[str]) -> None:
@@ -124,6 +143,13 @@ class DraHandlers:
         if is_ours(claim):
             self._queue.add(CLAIM + object_key(claim))
 
+    def _claim_updated(self, old: Obj, new: Obj) -> None:
+        freed = self._index.claim(new)
+        if freed or claim_signature(old) != claim_signature(new):
+            self._claim_seen(new, freed)
+            if is_ours(new):
+                self._queue.add(CLAIM + object_key(new))
+
     def _claim_deleted(self, claim: Obj) -> None:
         self._backoff.forget(CLAIM + object_key(claim))
         self._claim_seen(claim, self._index.forget_claim(claim))
@@ -136,15 +162,34 @@ class DraHandlers:
 
     # -- slices --------------------------------------------------------------------------------
 
+    def _devices_changed(self, nodes: Iterable[str], pools: Iterable[str]) -> None:
+        self._pods(self._index.pods_on(*nodes))
+        for key in self._index.ours_in(pools):
+            self._queue.add(CLAIM + key)
+
     def _slice(self, obj: Obj) -> None:
-        self._pods(self._index.pods_on(*self._index.slice(obj)))
+        self._devices_changed(*self._index.slice(obj))
 
     def _slice_updated(self, old: Obj, new: Obj) -> None:
         if (old.get("spec") or {}) != (new.get("spec") or {}):
             self._slice(new)
 
     def _slice_deleted(self, obj: Obj) -> None:
-        self._pods(self._index.pods_on(*self._index.forget_slice(obj)))
+        self._devices_changed(*self._index.forget_slice(obj))
+
+    # -- DeviceTaintRules ------------------------------------------------------------------------
+
+    def _rule(self, obj: Obj) -> None:
+        pools = self._index.rule(obj)
+        self._devices_changed(self._index.nodes_of(pools), pools)
+
+    def _rule_updated(self, old: Obj, new: Obj) -> None:
+        if (old.get("spec") or {}) != (new.get("spec") or {}):  # not its status (the eviction's progress)
+            self._rule(new)
+
+    def _rule_deleted(self, obj: Obj) -> None:
+        pools = self._index.forget_rule(obj)
+        self._devices_changed(self._index.nodes_of(pools), pools)
 
     # -- StatefulSets --------------------------------------------------------------------------
 

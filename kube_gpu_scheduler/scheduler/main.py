@@ -29,6 +29,7 @@ from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
 from kube_gpu_scheduler.scheduler.collector import QuietCollector
 from kube_gpu_scheduler.scheduler.core import Scheduler
 from kube_gpu_scheduler.scheduler.dra import ClaimController
+from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.extender import Extender, ExtenderServer
 from kube_gpu_scheduler.scheduler.leader import LeaderElector
@@ -43,7 +44,7 @@ log = logging.getLogger("gpu_scheduler")
 def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
     """The scheduler and everything it talks to the API with: the pod writer, the event
     recorder, the three informers (whose handlers are the scheduler's), the elector, and in
-    DRA mode the claim controller with its four informers, all on the one API client."""
+    DRA mode the claim controller with its five informers, all on the one API client."""
     core = client.CoreV1Api(api_client)
     name = settings.scheduler_name
     metrics = Metrics()
@@ -99,8 +100,9 @@ def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
 
 
 def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
-    """DRA mode's claim controller: the scheduler's events, pod writer (evictions) and leadership,
-    a claim writer and four informers (whose handlers are the controller's) on the same client."""
+    """DRA mode's claim controller: the scheduler's events, pod writer (evictions), leadership and
+    metrics registry, a claim writer and five informers (whose handlers are the controller's:
+    DRA replicas, ResourceClaims, ResourceSlices, StatefulSets, DeviceTaintRules) on the same client."""
     claims = ClaimController(
         sched.events,
         ClaimWriter(api_client, field_manager=settings.scheduler_name),
@@ -111,13 +113,14 @@ def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Schedu
         evict_other_workloads=settings.rollout_evict_other_workloads,
         workers=settings.workers,
         backoff=Backoff(settings.backoff_initial, settings.backoff_max),
+        metrics=ClaimMetrics(sched.metrics),
     )
     core, resource, apps = (
         client.CoreV1Api(api_client),
         client.ResourceV1Api(api_client),
         client.AppsV1Api(api_client),
     )
-    on_pods, on_claims, on_slices, on_statefulsets = claims.handlers()
+    on_pods, on_claims, on_slices, on_statefulsets, on_rules = claims.handlers()
     claims.attach(
         Informer(
             "dra-pods",
@@ -139,6 +142,7 @@ def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Schedu
             on_statefulsets,
             on_relist=sched.relisted,
         ),
+        Informer("devicetaintrules", resource.list_device_taint_rule, on_rules, on_relist=sched.relisted),
     )
     return claims
 
@@ -166,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_client = load_client(
             settings.kubeconfig,
             # The workers, the watches, the Lease and the events; in DRA mode also the claim
-            # controller's workers and its four watches.
-            pool_size=settings.workers + 8 + (settings.workers + 4 if settings.dra else 0),
+            # controller's workers and its five watches.
+            pool_size=settings.workers + 8 + (settings.workers + 5 if settings.dra else 0),
             user_agent=f"gpu-scheduler/{settings.identity}",
         )
     except Exception as err:

@@ -1,8 +1,10 @@
 """``make bench`` keeps working: the smoke scale runs end to end inside ``make test``.
 
 It runs ``python -m bench`` with ``BENCH_SCALE=smoke`` (its own control plane with 10
-kwok nodes, 20 pods per plan, one repetition) and checks that every arm ran, that
-every correctness check passed and that the report was written. Timings are never
+kwok nodes, 20 pods per plan, one repetition) and checks that every arm ran (the DRA
+phase's too: the claim controller against kube-scheduler on claims made beforehand, and
+beside other allocated claims), that every correctness check passed and that the report
+was written. Timings are never
 asserted: they depend on the machine and on what else runs on it.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.arms import ARMS
+from bench.dra import DRA_ARMS
 from bench.raw import PodWatch, Raw
 from bench.scales import SCALES
 from localcluster.cluster import Cluster
@@ -52,7 +55,15 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert bind == {(arm, plan.key) for arm in ARMS for plan in scale.plans}
     create = {(r["arm"], r["plan"]) for r in measured if r["arm"] in ("W+", "W-", "P")}
     assert create == {(arm, f"map{e}") for arm in ("W+", "W-", "P") for e in scale.webhook_maps}
+    dra = {(r["arm"], r["plan"]) for r in measured if r["arm"] in DRA_ARMS}
+    assert dra == {(arm, scale.dra_plan.key) for arm in DRA_ARMS}
     for r in measured:
+        if r["arm"] in DRA_ARMS:
+            assert r["pods"] == scale.dra_plan.pods and r["throughput"] > 0, r
+            if r["arm"] != "K":
+                # The claim controller's own metrics were read: its replica keys and their CPU time.
+                assert r["dra_keys"] >= r["pods"] and r["dra_key_cpu_ms"] > 0 and r["dra_key_ms"] > 0, r
+            continue
         want = (
             scale.webhook_pods
             if r["arm"] in ("W+", "W-", "P")
@@ -74,6 +85,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
         "## Ratios",
         "## Bind arms",
         "## Injection: the webhook, the admission policies, nothing",
+        "## DRA mode",
         "## Memory (VmRSS)",
         "## Where the time goes",
     ):
@@ -85,6 +97,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert "throughput A/C" in res.stdout
     assert "bound for a gpu-scheduler taking no time at all" in res.stdout
     assert "pod creates with the admission policies (injection.mode policy) / without" in res.stdout
+    assert "throughput D/K" in res.stdout and "claim controller's CPU per replica key" in res.stdout
 
 
 def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Cluster) -> None:

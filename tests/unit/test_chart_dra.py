@@ -64,6 +64,8 @@ def test_dra_mode_renders_the_claim_mutation_the_settings_and_the_rbac() -> None
         ("resource.k8s.io", "resourceclaims/status", "update"),
         ("resource.k8s.io", "resourceclaims/binding", "update"),
         ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "devicetaintrules", "list"),
+        ("resource.k8s.io", "devicetaintrules", "watch"),
         ("apps", "statefulsets", "watch"),
         ("", "pods", "patch"),
     ]:
@@ -71,6 +73,8 @@ def test_dra_mode_renders_the_claim_mutation_the_settings_and_the_rbac() -> None
     # Never the allocation's writer's other rights: no update of the claims themselves, no slices writes.
     assert ("resource.k8s.io", "resourceclaims", "update") not in granted
     assert not [w for w in granted if w[1] == "resourceslices" and w[2] not in ("list", "watch")]
+    # The DeviceTaintRules are an admin's: read, never written (nor their status).
+    assert not [w for w in granted if w[1].startswith("devicetaintrules") and w[2] not in ("list", "watch")]
 
 
 def test_without_dra_nothing_of_it_is_rendered() -> None:

@@ -208,8 +208,8 @@ class World:
             evict_other_workloads=other_workloads,
         )
         on = self.ctl.handlers()
-        self.pods, self.claims, self.slices, self.sets = (Informer(h) for h in on)
-        self.ctl.attach(self.pods, self.claims, self.slices, self.sets)
+        self.pods, self.claims, self.slices, self.sets, self.rules = (Informer(h) for h in on)
+        self.ctl.attach(self.pods, self.claims, self.slices, self.sets, self.rules)
         for node in nodes:
             self.slices.put(node_slice(node))
         self.drain()
@@ -358,6 +358,17 @@ def test_an_update_that_changes_nothing_the_controller_reads_enqueues_nothing() 
     counted = statefulset()
     counted["status"]["readyReplicas"] = 1
     w.sets.put(counted)
+    # kube-scheduler's finalizer on the claim (before it allocates), kwok's Running: nothing to decide.
+    claim = w.claim(pod)
+    claim["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    claim["metadata"]["resourceVersion"] = "2"
+    w.claims.put(claim)
+    assert w.drain() == []
+    bound = replica("w-0", "0=n1:0", gated=False, node="n1")
+    bound["status"]["phase"] = "Pending"
+    w.pods.put(bound)
+    assert w.drain() == ["pod:ns/w-0"]  # bound: its claim may be pinned now
+    w.pods.put(replica("w-0", "0=n1:0", gated=False, node="n1"))  # Running
     assert w.drain() == []
     # A new update revision: its replicas and its claims.
     w.sets.put(statefulset(update="w-newer"))
@@ -707,10 +718,15 @@ def test_the_scheduler_starts_reports_and_leads_with_the_claim_controller() -> N
         "resourceclaims",
         "resourceslices",
         "statefulsets",
+        "devicetaintrules",
     ]
     assert sched.health.ready()["resourceclaims-synced"]
     sched.started_leading()
+    # Keys in the controller's hands are a burst: the Normal Events (ClaimCreated) and the full
+    # garbage collections wait, as while pods are bound.
+    assert sched.placing()
     assert w.drain() == ["pod:ns/w-0"]
+    assert not sched.placing()
     stop = threading.Event()
     threads = w.ctl.start_workers(stop)
     assert [t.name for t in threads] == ["dra-worker-0"]

@@ -240,3 +240,28 @@ def test_pod_signature_ignores_status_and_our_own_writes() -> None:
     tolerant = json.loads(json.dumps(base))
     tolerant["spec"]["tolerations"] = [{"operator": "Exists"}]
     assert pod_signature(base) != pod_signature(tolerant)
+
+
+def test_every_metric_is_in_the_docs_metrics_table() -> None:
+    """docs/scheduler.md's metrics table lists every metric the scheduler can serve (its own, the
+    extender's, DRA mode's claim controller's), and nothing that is not served."""
+    from pathlib import Path
+
+    from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
+    from kube_gpu_scheduler.scheduler.extender import ExtenderMetrics
+
+    metrics = Metrics()
+    ExtenderMetrics(metrics)
+    ClaimMetrics(metrics)
+    served = {
+        f"{family.name}_total" if family.type == "counter" else family.name
+        for family in metrics.registry.collect()
+    }
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scheduler.md").read_text()
+    table = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    documented = {
+        line.split("`")[1].split("{")[0]
+        for line in table.splitlines()
+        if line.startswith("| `gpu_scheduler_")
+    }
+    assert served == documented, (sorted(served - documented), sorted(documented - served))

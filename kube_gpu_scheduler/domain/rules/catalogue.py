@@ -57,6 +57,8 @@ CLAIM_NOT_OURS = "ClaimNotOurs"  # Warning: a claim of that name exists that gpu
 GPU_NOT_PUBLISHED = "GPUNotPublished"  # Warning: a GPU of the entry is in no ResourceSlice of its node
 GPU_ALLOCATED_ELSEWHERE = "GPUAllocatedElsewhere"  # Warning: a GPU of the entry is another claim's
 ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU its node no longer publishes
+GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or NoExecute device taint
+TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
 
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
@@ -97,4 +99,6 @@ OTHER_REASONS = (
     GPU_NOT_PUBLISHED,
     GPU_ALLOCATED_ELSEWHERE,
     ALLOCATED_GPU_GONE,
+    GPU_TAINTED,
+    TAINTED_CLAIM_RELEASED,
 )
