@@ -76,6 +76,8 @@ def _variable(settings: Settings) -> str:
     value = settings.nvidia_visible_devices
     if value is None:
         return "NVIDIA_VISIBLE_DEVICES is not set (the pod was not injected: see the env checks)"
+    if value == "void":
+        return "NVIDIA_VISIBLE_DEVICES reads void (a CDI spec was applied, yet it gave no GPU)"
     shown = value if len(value) <= 120 else value[:119] + "…"
     return f"NVIDIA_VISIBLE_DEVICES={shown} was not acted on"
 

@@ -12,12 +12,16 @@ from kube_gpu_scheduler.domain.injection import (
     CUDA_DEVICE_ORDER,
     CUDA_VISIBLE_DEVICES,
     INJECTION_MODES,
+    NVIDIA_VISIBLE_DEVICES,
     PCI_BUS_ID,
     desired_env,
 )
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, ordinal_of
 from kube_gpu_scheduler.domain.schedmap import Entry, MapError, SchedulingMap, gpu_name, parse
 
+# What NVIDIA's runtime (CDI and jit-cdi modes) leaves in NVIDIA_VISIBLE_DEVICES once it has
+# applied the devices the variable asked for.
+CDI_APPLIED = "void"
 # The checks of what the container got; a failing one carries the diagnosis (diagnose.py).
 GPU_CHECKS = frozenset({"nvml", "dev", "nvml:count", "nvml:indices", "nvml:uuids", "nvml:pci_bus_ids"})
 
@@ -32,14 +36,28 @@ def expected_env(entry: Entry, mode: str) -> dict[str, str]:
     return dict(desired_env(entry, mode if mode in INJECTION_MODES else "cuda"))
 
 
-def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:
+def env_results(
+    entry: Entry, mode: str, env: Mapping[str, str | None], pod: str, in_container: bool = False
+) -> list[Result]:
     """One result per variable the mode requires: equal strings, nothing looser. In DRA mode
     also CUDA_VISIBLE_DEVICES unset: over the claim's GPUs (numbered from 0) it would hide or
-    reorder some of them."""
-    results = [
-        Result(f"env:{name}", want, env.get(name), env.get(name) == want, pod)
-        for name, want in expected_env(entry, mode).items()
-    ]
+    reorder some of them.
+
+    ``in_container``: the env a process of the container reads, where NVIDIA's runtime in a CDI
+    mode has replaced ``NVIDIA_VISIBLE_DEVICES`` with ``void`` once it applied the devices (its
+    generated CDI spec's edit): that is the variable acted on, and the devices are checked by
+    ``dev`` and NVML. Never in the pod spec (verify-release), where ``void`` asks for no GPU."""
+    results = []
+    for name, want in expected_env(entry, mode).items():
+        have = env.get(name)
+        if in_container and name == NVIDIA_VISIBLE_DEVICES and have == CDI_APPLIED:
+            why = (
+                "NVIDIA's runtime applied the CDI devices asked for and set the variable to void "
+                "(its generated spec's edit); dev and nvml check the GPUs"
+            )
+            results.append(Result(f"env:{name}", want, have, True, pod, {"note": why}))
+            continue
+        results.append(Result(f"env:{name}", want, have, have == want, pod))
     if mode == DRA_MODE:
         have = env.get(CUDA_VISIBLE_DEVICES)
         results.append(
@@ -103,7 +121,7 @@ def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
             "NVIDIA_VISIBLE_DEVICES": settings.nvidia_visible_devices,
         }
         env = {name: value for name, value in given.items() if value is not None}  # None: unset
-        results.extend(env_results(entry, settings.injection_mode, env, pod))
+        results.extend(env_results(entry, settings.injection_mode, env, pod, in_container=True))
     return results, entry
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kube_gpu_scheduler.check import map_results, nvml, nvml_results, passed, run_checks
+from kube_gpu_scheduler.check import env_results, map_results, nvml, nvml_results, passed, run_checks
 from kube_gpu_scheduler.check.diagnose import (
     CONTROL_ONLY,
     CUDA_ISOLATED,
@@ -106,6 +106,24 @@ def test_nvidia_cdi_mode_expects_the_cdi_devices_and_renumbered_cuda() -> None:
     # nvidia mode's bare indices are not nvidia-cdi mode's (under its RuntimeClass they fail the container).
     bare, _ = map_results(mode_settings("nvidia-cdi", TWO, nvidia_visible_devices="1,3"))
     assert [r.check for r in bare if r.ok is False] == ["env:NVIDIA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.parametrize("mode", ["nvidia", "nvidia-cdi"])
+def test_in_the_container_nvidia_visible_devices_may_read_void_once_the_runtime_applied_it(mode: str) -> None:
+    """NVIDIA's runtime in CDI mode replaces the variable with void in the container it creates
+    (its generated spec's edit; seen on the real node): the request was acted on, and dev and
+    NVML check the GPUs. In the pod spec (verify-release) void asks for no GPU: a mismatch."""
+    results, _ = map_results(mode_settings(mode, TWO, nvidia_visible_devices="void"))
+    r = by_check(results)["env:NVIDIA_VISIBLE_DEVICES"]
+    assert r.ok is True and r.actual == "void" and "applied the CDI devices" in r.extra["note"]
+    assert passed(results)
+    (api,) = [
+        x for x in env_results(TWO, mode, {"NVIDIA_VISIBLE_DEVICES": "void"}, "ns/p") if "NVIDIA" in x.check
+    ]
+    assert api.ok is False
+    # Any other value is still compared exactly.
+    results, _ = map_results(mode_settings(mode, TWO, nvidia_visible_devices="all"))
+    assert by_check(results)["env:NVIDIA_VISIBLE_DEVICES"].ok is False
 
 
 def test_nvidia_cdi_mode_counts_the_isolated_gpus_and_their_nodes() -> None:
