@@ -53,9 +53,19 @@ def product_image() -> Image:
 
 @pytest.fixture(scope="package")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory, product_image: Image) -> Iterator[Cluster]:
-    """kwok GPU nodes node1..node3 (4 GPUs each) and the real control-plane node holding the image."""
+    """kwok GPU nodes node1..node3 (4 GPUs each) and the real control-plane node holding the image,
+    with NVIDIA's stack over 4 stand-in GPUs (localcluster/nvidia_driver.py: the DRA driver, and
+    NVIDIA's container runtime behind RuntimeClass nvidia in cdi mode, as the GPU Operator >= 25.10
+    sets it up)."""
     workdir = tmp_path_factory.mktemp("node-cluster")
-    c = Cluster.start(workdir, gpu_nodes=3, gpus_per_node=4, real_node=True, images=[product_image.archive])
+    c = Cluster.start(
+        workdir,
+        gpu_nodes=3,
+        gpus_per_node=4,
+        real_node=True,
+        images=[product_image.archive],
+        nvidia_gpus=4,
+    )
     try:
         yield c
     finally:
