@@ -33,8 +33,6 @@ class Settings:
     tls_cert_file: str = "/etc/webhook/certs/tls.crt"
     tls_key_file: str = "/etc/webhook/certs/tls.key"
     injection_mode: InjectionMode = "cuda"
-    # nvidia-cdi mode: the RuntimeClass a mapped pod gets ("" gives none).
-    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
     gpu_resource_policy: GpuResourcePolicy = "warn"
     max_body_bytes: int = 3 * 1024 * 1024
     log_level: str = "INFO"
@@ -53,6 +51,8 @@ class Settings:
     client_ca_file: str = ""
     # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
     scheduler_name: str = "gpu-scheduler"
+    # nvidia-cdi mode: the RuntimeClass a mapped pod gets ("" gives none).
+    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
