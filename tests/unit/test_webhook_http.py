@@ -248,7 +248,9 @@ def test_settings_from_env_defaults_and_values() -> None:
     assert s == Settings(9443, "/c", "/k", "nvidia", "deny", 4096, "DEBUG", "/kc")
     assert Settings.from_env({"WEBHOOK_INJECTION_MODE": "nvidia-cdi"}).runtime_class_name == "nvidia"
     assert Settings.from_env({"WEBHOOK_RUNTIME_CLASS_NAME": ""}).runtime_class_name == ""  # none given
-    assert Settings.from_env({"WEBHOOK_RUNTIME_CLASS_NAME": " nvidia-cdi "}).runtime_class_name == "nvidia-cdi"
+    assert (
+        Settings.from_env({"WEBHOOK_RUNTIME_CLASS_NAME": " nvidia-cdi "}).runtime_class_name == "nvidia-cdi"
+    )
     with pytest.raises(AttributeError):
         s.port = 1  # type: ignore[misc]
 
