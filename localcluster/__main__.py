@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -92,12 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--dra",
         action="store_true",
-        help="DRA mode: publish ResourceSlices like NVIDIA's DRA driver's on the kwok GPU nodes, install "
-        "the chart with dra.enabled=true; each replica's GPUs become a ResourceClaim kube-scheduler allocates",
+        help="DRA mode: NVIDIA's own DRA driver on the real node (stand-in GPUs), ResourceSlices like its "
+        "on the kwok GPU nodes, the chart with dra.enabled=true; each replica's GPUs become a ResourceClaim "
+        "kube-scheduler allocates",
     )
     demo.set_defaults(func=_demo)
     args = parser.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C: `demo` stops what it started and gives
+    # the host back (its real node holds a host-wide lock), instead of leaving it running.
+    signal.signal(signal.SIGTERM, _interrupt)
     return int(args.func(args))
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -12,16 +12,18 @@ examples/gpu-workload.yaml, prints where each replica landed, and runs ``helm te
 0 only when every replica is Running where the map says, with the mapped devices, and the
 helm test passes.
 
-With ``dra=True`` (``DEMO_ARGS=--dra``) it first publishes, on the kwok GPU nodes, the
-DeviceClass and ResourceSlices NVIDIA's DRA driver would (localcluster/dra.py), and installs the
+With ``dra=True`` (``DEMO_ARGS=--dra``) the real node runs NVIDIA's own DRA driver over
+stand-in GPUs (localcluster/nvidia_driver.py, localcluster/demo_dra.py); the kwok GPU nodes get
+the ResourceSlices that driver would publish (localcluster/dra.py), and it installs the
 chart in DRA mode (``dra.enabled=true``): each replica gets a ResourceClaim naming its GPUs,
 kube-scheduler allocates it and binds the pod. A replica matches when it runs on its node and
 its claim is allocated exactly the devices its entry resolves to (kube_gpu_scheduler.domain.dra); the
 table shows each claim's devices with their PCI bus IDs and UUIDs, and ``gpu-scheduler-check
 verify-release --mode dra`` checks the same through the API before ``helm test``. Last, it
 installs gpu-scheduler-check-chart in DRA mode (``gpuScheduling.injectionMode=dra``, on GPUs the
-example leaves free) and runs its ``helm test``, which checks each claim with the chart's own
-account on the real node.
+example leaves free, one of them on the real node) and runs its ``helm test``, which checks each
+claim with the chart's own account, and prints what its replica on the real node sees from
+inside: the GPUs NVIDIA's plugin prepared for its claim, and no others.
 """
 
 from __future__ import annotations
@@ -35,26 +37,32 @@ from typing import Any
 
 import yaml
 
-from kube_gpu_scheduler.domain import dra
 from kube_gpu_scheduler.domain.injection import (
-    CUDA_DEVICE_ORDER,
-    CUDA_VISIBLE_DEVICES,
-    PCI_BUS_ID,
     format_devices,
     held_devices,
 )
 from kube_gpu_scheduler.domain.podinfo import entry_for
-from localcluster import dra as dra_slices
 from localcluster.cluster import REPO, Cluster
+from localcluster.demo_dra import (
+    CHECK_MAP,
+    CHECK_NS,
+    CHECK_RELEASE,
+    DEMO_NS,
+    REAL_NODE_GPUS,
+    check_chart_dra,
+    dra_rows,
+    dra_table,
+    publish_gpus,
+    real_node_view,
+    verify_dra_release,
+)
 from localcluster.image import build as build_image
-from localcluster.release import CHECK_CHART, install_chart, product_values
+from localcluster.node import NODE_NAME
+from localcluster.release import install_chart, product_values
 from localcluster.webhook_host import make_certs
 
 EXAMPLE = REPO / "examples" / "gpu-workload.yaml"
-RELEASE, SYSTEM_NS, DEMO_NS = "gpu-scheduler", "gpu-scheduler-system", "gpu-demo"
-CHECK_RELEASE, CHECK_NS = "gpu-scheduler-check", "gpu-scheduler-tests"
-# DRA mode: the check chart's replicas take GPUs the example leaves free.
-CHECK_MAP = ((0, "node1", "2,3"), (1, "node2", "0"), (2, "node3", "3"))
+RELEASE, SYSTEM_NS = "gpu-scheduler", "gpu-scheduler-system"
 
 
 def say(msg: str) -> None:
@@ -136,147 +144,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
 
 
-# ---------------------------------------------------------------- DRA mode
-DRA_NODES = 3  # node1..node3, the GPU nodes Cluster.start makes here
-
-
-def _items(cluster: Cluster, *args: str) -> list[dict[str, Any]]:
-    return list(yaml.safe_load(cluster.kubectl("get", *args, "-o", "yaml").stdout)["items"])
-
-
-def devices_table(slices: list[dict[str, Any]], nodes: list[str]) -> str:
-    """Each node's GPUs as the map's index names them: PCI bus ID order, not the minor's."""
-    lines: list[tuple[str, ...]] = [("NODE", "INDEX", "DEVICE", "PCI BUS ID", "UUID")]
-    for node in nodes:
-        for i, d in enumerate(dra.node_devices(slices, node)):
-            lines.append((node, str(i), d.name, d.pci_bus_id, d.uuid))
-    return _columns(lines)
-
-
-def dra_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per replica: its node, its claim, the devices the claim is allocated (with
-    their PCI bus IDs and UUIDs from the ResourceSlices) and whether that is what its entry says."""
-    selector = ",".join(f"{k}={v}" for k, v in sts["spec"]["selector"]["matchLabels"].items())
-    pods = _items(cluster, "pods", "-n", DEMO_NS, "-l", selector)
-    claims = {c["metadata"]["name"]: c for c in _items(cluster, "resourceclaims", "-n", DEMO_NS)}
-    slices = _items(cluster, "resourceslices")
-    rows = []
-    for pod in pods:
-        meta = pod["metadata"]
-        ordinal, entry = entry_for(meta)
-        node = pod["spec"].get("nodeName") or "-"
-        phase = pod["status"].get("phase", "?")
-        claim_name = dra.pod_claim_name(pod)
-        claim = claims.get(claim_name or "")
-        published = {
-            (d.pool, d.name): d
-            for n in {node, entry.node if entry else ""}
-            for d in dra.node_devices(slices, n)
-        }
-        got = [
-            published.get((a.pool, a.device)) or dra.Device(a.pool, a.pool, a.device, "?", "?")
-            for a in sorted(dra.allocation(claim or {}), key=lambda a: a.request)
-        ]
-        envs = [{e["name"]: e.get("value") for e in c.get("env") or []} for c in pod["spec"]["containers"]]
-        env_ok = all(e.get(CUDA_DEVICE_ORDER) == PCI_BUS_ID and CUDA_VISIBLE_DEVICES not in e for e in envs)
-        try:
-            wanted = dra.resolve(entry, dra.node_devices(slices, entry.node)) if entry else None
-        except dra.Unresolved:
-            wanted = None
-        ok = (
-            entry is not None
-            and wanted is not None
-            and claim is not None
-            and node == entry.node
-            and phase == "Running"
-            and env_ok
-            and dra.matches(claim, entry, wanted)
-        )
-        rows.append(
-            {
-                "ordinal": ordinal,
-                "pod": meta["name"],
-                "node": node,
-                "claim": claim_name or "-",
-                "devices": got,
-                "phase": phase,
-                "expected": str(entry) if entry else "(no entry)",
-                "ok": ok,
-            }
-        )
-    return sorted(rows, key=lambda r: (r["ordinal"] is None, r["ordinal"]))
-
-
-def dra_table(rows: list[dict[str, Any]]) -> str:
-    """A line per allocated device (a replica without one gets a line with ``-``)."""
-    head = ("ORDINAL", "POD", "NODE", "CLAIM", "DEVICE", "PCI BUS ID", "UUID", "PHASE", "MAP SAYS", "MATCH")
-    lines: list[tuple[str, ...]] = [head]
-    for r in rows:
-        for d in r["devices"] or [None]:
-            lines.append(
-                (
-                    str(r["ordinal"]),
-                    r["pod"],
-                    r["node"],
-                    r["claim"],
-                    d.name if d else "-",
-                    d.pci_bus_id if d else "-",
-                    d.uuid if d else "-",
-                    r["phase"],
-                    r["expected"],
-                    "yes" if r["ok"] else "NO",
-                )
-            )
-    return _columns(lines)
-
-
-def publish_gpus(cluster: Cluster) -> list[dict[str, Any]]:
-    """The DeviceClass and a ResourceSlice per kwok GPU node (localcluster/dra.py); the slices."""
-    nodes = {f"node{i}": 4 for i in range(1, DRA_NODES + 1)}
-    api = cluster.api_client()
-    try:
-        dra_slices.publish(api, nodes)
-    finally:
-        api.close()
-    slices = _items(cluster, "resourceslices")
-    print(devices_table(slices, list(nodes)))
-    return slices
-
-
-def verify_dra_release(cluster: Cluster, timeout: float) -> bool:
-    """``gpu-scheduler-check verify-release --mode dra`` on the example, as the check chart's
-    helm test runs it: each claim's allocation against the map, through the API."""
-    import os
-    import subprocess
-
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kube_gpu_scheduler.check",
-            "verify-release",
-            "--namespace",
-            DEMO_NS,
-            "--selector",
-            "app=gpu-workload",
-            "--mode",
-            "dra",
-            "--timeout",
-            str(int(timeout)),
-        ],
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "CHECK_LOG_LEVEL": "WARNING"},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout + 60,
-        check=False,
-    )
-    print(res.stdout.strip())
-    if res.returncode != 0:
-        say(f"verify-release --mode dra failed:\n{res.stderr.strip()[-3000:]}")
-    return res.returncode == 0
-
-
 def wait_rollout(cluster: Cluster, namespace: str, release: str, timeout: float) -> None:
     for dep in cluster.kubectl(
         "get", "deployments", "-n", namespace, "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
@@ -308,32 +175,6 @@ def injection_objects(cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
-def check_chart_dra(cluster: Cluster, image_ref: str, timeout: float) -> bool:
-    """Install gpu-scheduler-check-chart with gpuScheduling.injectionMode=dra (its pre-install
-    wait-ready hook dry-runs a mapped pod through the DRA policy on the real node) and run its
-    ``helm test``: verify-release --mode dra with the chart's own account and RBAC."""
-    repository, _, tag = image_ref.rpartition(":")
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "gpuScheduling": {
-            "schedulingMap": [{"podIndex": o, "nodeName": n, "gpuDevices": g} for o, n, g in CHECK_MAP],
-            "injectionMode": "dra",
-        },
-    }
-    install_chart(
-        cluster, CHECK_RELEASE, CHECK_NS, values, chart=CHECK_CHART, wait=True, timeout=f"{int(timeout)}s"
-    )
-    res = cluster.helm("test", CHECK_RELEASE, "-n", CHECK_NS, "--timeout", f"{int(timeout)}s", check=False)
-    print(res.stdout.strip())
-    logs = cluster.kubectl(
-        "logs", "-n", CHECK_NS, f"{CHECK_RELEASE}-test", "-c", "verify-release", check=False
-    ).stdout
-    print("\n".join(line for line in logs.splitlines() if not line.startswith("{")))
-    if res.returncode != 0:
-        say(f"helm test {CHECK_RELEASE} failed: {res.stderr.strip()}\n{logs[-3000:]}")
-    return res.returncode == 0
-
-
 def run(
     keep: bool = False,
     workdir: Path | None = None,
@@ -357,8 +198,19 @@ def run(
         "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, "
         "kwok GPU nodes) and a real kubelet node (containerd, runc, CNI bridge, kube-proxy)"
     )
+    if dra_mode:
+        say(
+            f"DRA mode: the real node runs NVIDIA's own DRA driver (its Helm chart, its kubelet plugin) over "
+            f"{REAL_NODE_GPUS} stand-in GPUs (localcluster/nvidia_driver.py)"
+        )
     cluster = Cluster.start(
-        workdir, gpu_nodes=3, gpus_per_node=4, detach=keep, real_node=True, images=[image.archive]
+        workdir,
+        gpu_nodes=3,
+        gpus_per_node=4,
+        detach=keep,
+        real_node=True,
+        images=[image.archive],
+        nvidia_gpus=REAL_NODE_GPUS if dra_mode else 0,
     )
     logs = workdir / "logs"
     try:
@@ -374,8 +226,8 @@ def run(
         values = product_values(image.ref, certs)
         if dra_mode:
             say(
-                "DRA mode: publishing the DeviceClass gpu.nvidia.com and a ResourceSlice per kwok GPU node, "
-                "as NVIDIA's DRA driver would (an index is the node's i-th GPU in PCI bus ID order)"
+                "DRA mode: NVIDIA's plugin published the real node's GPUs; publishing a ResourceSlice per kwok "
+                "GPU node as it would (an index is the node's i-th GPU in PCI bus ID order)"
             )
             publish_gpus(cluster)
             values["dra"] = {"enabled": True}
@@ -427,6 +279,9 @@ def run(
                     + f"), then helm test {CHECK_RELEASE}: each claim checked against the map"
                 )
                 good = check_chart_dra(cluster, image.ref, timeout)
+                if good:
+                    say(f"what the check chart's replica on the real node ({NODE_NAME}) sees from inside")
+                    good = real_node_view(cluster)
         else:
             say("placement does NOT match the map; see `kubectl describe pod` and the logs in " + str(logs))
             if dra_mode:

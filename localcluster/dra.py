@@ -210,10 +210,21 @@ def _create_or_replace(api: Any, plural: str, body: Mapping[str, Any]) -> dict[s
     return dict(objs.replace_cluster_custom_object(GROUP, VERSION, plural, body["metadata"]["name"], fresh))
 
 
+def _create_if_absent(api: Any, plural: str, body: Mapping[str, Any]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        _custom(api).create_cluster_custom_object(GROUP, VERSION, plural, body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
 def publish(api: Any, nodes: Mapping[str, int], driver: str = DRIVER) -> dict[str, list[Gpu]]:
-    """Create (or replace) the DeviceClass and one ResourceSlice per node (``node -> GPU count``);
-    returns each node's GPUs. ``api``: a ``kubernetes.client.ApiClient``."""
-    _create_or_replace(api, "deviceclasses", device_class(driver=driver))
+    """Create the DeviceClass unless it exists (NVIDIA's chart makes it where its driver runs: it
+    stays as the chart wrote it) and create (or replace) one ResourceSlice per node (``node -> GPU
+    count``); returns each node's GPUs. ``api``: a ``kubernetes.client.ApiClient``."""
+    _create_if_absent(api, "deviceclasses", device_class(driver=driver))
     out = {}
     for node, count in nodes.items():
         gpus = node_gpus(node, count)

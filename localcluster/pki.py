@@ -1,35 +1,29 @@
-"""Certificates and keys for the local control plane (never committed: they live in its workdir)."""
+"""Certificates and keys for the local control plane (never committed: they live in its workdir).
+
+Issued by the project's one certificate builder, kube_gpu_scheduler.certs (the same code as
+generate-webhook-certs.py): ECDSA P-256 keys, a CA, serving and client certificates."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kube_gpu_scheduler.certs import (
+    cert_pem,
+    generate_key,
+    key_pem,
+    make_ca,
+    make_client_cert,
+    make_serving_cert,
+    public_key_pem,
+)
 
-_VALIDITY = dt.timedelta(days=2)
+_VALIDITY_DAYS = 2
+_KEY_TYPE = "ecdsa-p256"
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+def _write_key(path: Path, pem: bytes) -> None:
+    path.write_bytes(pem)
     path.chmod(0o600)
-
-
-def _name(cn: str, org: str | None = None) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    if org:
-        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-    return x509.Name(attrs)
 
 
 class LocalPKI:
@@ -38,36 +32,11 @@ class LocalPKI:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.ca_key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        self.ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name("gpu-scheduler-localcluster-ca"))
-            .issuer_name(_name("gpu-scheduler-localcluster-ca"))
-            .public_key(self.ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.ca_key, hashes.SHA256())
-        )
+        self.ca_key = generate_key(_KEY_TYPE)
+        self.ca_cert = make_ca(self.ca_key, days=_VALIDITY_DAYS, common_name="gpu-scheduler-localcluster-ca")
         self.ca_file = self.dir / "ca.crt"
-        self.ca_file.write_bytes(self.ca_cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(self.dir / "ca.key", self.ca_key)
+        self.ca_file.write_bytes(cert_pem(self.ca_cert))
+        _write_key(self.dir / "ca.key", key_pem(self.ca_key))
 
     def issue(
         self,
@@ -78,41 +47,30 @@ class LocalPKI:
         ips: tuple[str, ...] = (),
         server: bool = False,
     ) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, org))
-            .issuer_name(self.ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
+        """``name``.crt and ``name``.key: a serving certificate for ``dns`` and ``ips`` (``server``),
+        else a client certificate for user ``cn`` in group ``org``."""
+        key = generate_key(_KEY_TYPE)
+        if server:
+            cert = make_serving_cert(
+                self.ca_cert,
+                self.ca_key,
+                key,
+                dns,
+                ips=ips,
+                days=_VALIDITY_DAYS,
+                common_name=cn,
+                organization=org,
             )
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.ca_key, hashes.SHA256())
+        else:
+            cert = make_client_cert(self.ca_cert, self.ca_key, key, cn, organization=org, days=_VALIDITY_DAYS)
         crt, keyfile = self.dir / f"{name}.crt", self.dir / f"{name}.key"
-        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(keyfile, key)
+        crt.write_bytes(cert_pem(cert))
+        _write_key(keyfile, key_pem(key))
         return crt, keyfile
 
     def service_account_keys(self) -> tuple[Path, Path]:
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        key = generate_key("rsa-2048")
         priv, pub = self.dir / "sa.key", self.dir / "sa.pub"
-        _write_key(priv, key)
-        pub.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
+        _write_key(priv, key_pem(key))
+        pub.write_bytes(public_key_pem(key))
         return priv, pub

@@ -24,6 +24,8 @@ from localcluster.release import install_chart, product_values
 from localcluster.webhook_host import make_certs
 
 RELEASE, SYSTEM_NS = "gpu-scheduler", "gpu-scheduler-system"
+# The real node's stand-in GPUs, under NVIDIA's own DRA driver and container runtime.
+NODE_GPUS = 4
 HERE = Path(__file__).resolve().parent
 # Run first: they start and stop real nodes of their own (one real node per host at a time).
 FIRST = ("test_host.py", "test_gitops.py")
@@ -54,9 +56,7 @@ def product_image() -> Image:
 @pytest.fixture(scope="package")
 def node_cluster(tmp_path_factory: pytest.TempPathFactory, product_image: Image) -> Iterator[Cluster]:
     """kwok GPU nodes node1..node3 (4 GPUs each) and the real control-plane node holding the image,
-    with NVIDIA's stack over 4 stand-in GPUs (localcluster/nvidia_driver.py: the DRA driver, and
-    NVIDIA's container runtime behind RuntimeClass nvidia in cdi mode, as the GPU Operator >= 25.10
-    sets it up)."""
+    with NVIDIA's DRA driver and container runtime over :data:`NODE_GPUS` stand-in GPUs."""
     workdir = tmp_path_factory.mktemp("node-cluster")
     c = Cluster.start(
         workdir,
@@ -64,7 +64,8 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory, product_image: Image)
         gpus_per_node=4,
         real_node=True,
         images=[product_image.archive],
-        nvidia_gpus=4,
+        # NVIDIA's DRA driver and container runtime over 4 stand-in GPUs (localcluster/nvidia_driver.py).
+        nvidia_gpus=NODE_GPUS,
     )
     try:
         yield c

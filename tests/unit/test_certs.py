@@ -1,4 +1,5 @@
-"""generate-webhook-certs.py: run as users run it (a subprocess) and imported for its functions."""
+"""generate-webhook-certs.py: run as users run it (a subprocess), and its program
+``kube_gpu_scheduler.certs`` imported for its functions."""
 
 from __future__ import annotations
 
@@ -20,19 +21,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from kube_gpu_scheduler import certs as gen
+from kube_gpu_scheduler.certs import cli as certs_cli
+
 SCRIPT = Path(__file__).resolve().parents[2] / "generate-webhook-certs.py"
 
 
-def load_module() -> ModuleType:
+def load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("generate_webhook_certs", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
-
-
-gen = load_module()
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -117,6 +117,27 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
 def test_script_is_executable_with_a_python3_shebang() -> None:
     assert SCRIPT.read_text().startswith("#!/usr/bin/env python3\n")
     assert os.access(SCRIPT, os.X_OK)
+
+
+def test_the_script_is_the_program_of_its_checkout() -> None:
+    """The documented script is a thin wrapper: its ``main`` is kube_gpu_scheduler.certs', which it
+    finds beside itself (a checkout, the package not installed: no site, no .pth, no editable
+    install; only the interpreter's third-party packages on PYTHONPATH)."""
+    assert load_script().main is certs_cli.main
+    assert len(SCRIPT.read_text().splitlines()) < 50
+    site_packages = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "yaml").is_dir())
+    assert not Path(site_packages, "kube_gpu_scheduler").exists()  # only the checkout's can answer
+    res = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "--help"],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": site_packages},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: generate-webhook-certs.py")
+    assert res.stdout == run("--help").stdout
 
 
 def test_files_and_modes(generated: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -415,7 +436,7 @@ def test_a_failure_while_replacing_leaves_no_temporary_files(
             raise OSError(5, "Input/output error")
         real_replace(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(gen.os, "replace", flaky)
+    monkeypatch.setattr(os, "replace", flaky)
     assert gen.main(["--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr()
     assert err.out == "" and err.err.count("\n") == 1
@@ -438,7 +459,7 @@ def test_the_top_level_guard(
     def boom(*args: object, **kwargs: object) -> None:
         raise exc
 
-    monkeypatch.setattr(gen, "issue", boom)
+    monkeypatch.setattr(certs_cli, "issue", boom)
     assert gen.main(["--output-dir", "unused"]) == 2
     err = capsys.readouterr()
     assert err.out == ""

@@ -134,6 +134,7 @@ def test_the_declared_contracts_are_kept() -> None:
         ("domain/schedmap.py", "from kube_gpu_scheduler.scheduler import core"),
         # one program importing another
         ("webhook/nodes.py", "from kube_gpu_scheduler.check import results"),
+        ("certs/cli.py", "from kube_gpu_scheduler.webhook import app"),
         # base knowing of the domain
         ("base/logs.py", "from kube_gpu_scheduler.domain import schedmap"),
         # the domain doing I/O

@@ -184,11 +184,7 @@ def test_idle_tls_and_tcp_connections_do_not_delay_mutate(certs: Path, tmp_path:
             )
             >= 64
         )
-        warnings = [
-            r
-            for r in records(proc)
-            if r["level"] == "warning" and r["logger"] == "kube_gpu_scheduler.webhook.serve"
-        ]
+        warnings = [r for r in records(proc) if r["level"] == "warning" and r["logger"] == "webhook.serve"]
         reasons = {r.get("reason") for r in warnings}
         assert {"header_timeout", "handshake_timeout"} <= reasons, warnings
         # rate-limited: one line per reason (per worker) for 64 drops each, not 64

@@ -196,10 +196,10 @@ def test_logs_are_json_without_access_log_and_probes_below_info(
     lines = [line for line in proc.log_text().splitlines() if line.strip()]
     records = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
-    patched = [r for r in records if r["logger"] == "kube_gpu_scheduler.webhook.mutate"]
+    patched = [r for r in records if r["logger"] == "webhook.mutate"]
     assert patched and all(r["pod"] == "team/w-1" for r in patched)
     assert not [r for r in records if "/healthz" in json.dumps(r)], "probes or access lines at INFO"
-    assert any(r["logger"] == "kube_gpu_scheduler.webhook.serve" and r["msg"] == "starting" for r in records)
+    assert any(r["logger"] == "webhook.serve" and r["msg"] == "starting" for r in records)
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
