@@ -234,7 +234,12 @@ def real_node_view(cluster: Cluster) -> bool:
     allocated = [published.get(a.device) for a in dra.allocation(claim)]
     lines: list[tuple[str, ...]] = [("POD", "NODE", "SEES (NVML)", "PCI BUS ID", "DEVICE NODES", "CLAIM HAS")]
     gpus = seen.get("gpus") or []
-    nodes = ",".join(f"/dev/{n}" for n in sorted(seen.get("device_nodes") or {})) or "-"
+    # The check's record of its NVIDIA device nodes: /dev/nvidia<minor> per GPU, and nvidiactl.
+    devices = seen.get("devices") or {}
+    nodes = ",".join(
+        [*(devices.get("gpus") or []), *(["/dev/nvidiactl"] if devices.get("nvidiactl") else [])]
+    )
+    nodes = nodes or "-"
     for i, g in enumerate(gpus or [{}]):
         want = allocated[i] if i < len(allocated) else None
         lines.append(

@@ -254,6 +254,14 @@ webhook.namespaceSelector: null by default), which then wins.
 {{- .Values.webhook.injectionMode | default .Values.injection.deviceMode }}
 {{- end }}
 
+{{/*
+nvidia-cdi device mode: the RuntimeClass a mapped pod gets (injection.runtimeClassName; empty
+in the other device modes, and when set empty: none given).
+*/}}
+{{- define "gpu-scheduler.runtimeClassName" -}}
+{{- if eq (include "gpu-scheduler.deviceMode" .) "nvidia-cdi" }}{{ .Values.injection.runtimeClassName | default "" }}{{ end }}
+{{- end }}
+
 {{- define "gpu-scheduler.gpuResourcePolicy" -}}
 {{- .Values.webhook.gpuResourcePolicy | default .Values.injection.gpuResourcePolicy }}
 {{- end }}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -114,3 +116,35 @@ def _devices(module: Any) -> NvmlReport:
         except Exception as err:
             errors.append(f"GPU {index}: {err.__class__.__name__}: {err}")
     return NvmlReport(True, driver_version=driver, count=count, devices=tuple(devices), errors=tuple(errors))
+
+
+# NVIDIA's GPU device nodes: /dev/nvidia<minor> (nvidiactl, nvidia-uvm, nvidia-modeset and
+# nvidia-caps are the driver's control devices).
+_GPU_NODE = re.compile(r"nvidia([0-9]{1,4})")
+
+
+@dataclass(frozen=True)
+class DeviceNodes:
+    """The NVIDIA device nodes in a container's ``/dev``: what its runtime (or DRA driver) gave it."""
+
+    gpus: tuple[str, ...] = ()  # /dev/nvidia<minor>, by minor
+    control: bool = False  # /dev/nvidiactl
+
+    @property
+    def empty(self) -> bool:
+        return not self.gpus and not self.control
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": list(self.gpus), "nvidiactl": self.control}
+
+
+def device_nodes(dev: str | Path = "/dev") -> DeviceNodes:
+    """List ``dev`` (a missing or unreadable folder has none). Names only: in a container ``/dev``
+    is the runtime's tmpfs, holding the device nodes it was told to create."""
+    folder = Path(dev)
+    try:
+        names = [p.name for p in folder.iterdir()]
+    except OSError:
+        return DeviceNodes()
+    minors = sorted(int(m[1]) for n in names if (m := _GPU_NODE.fullmatch(n)))
+    return DeviceNodes(tuple(f"{folder}/nvidia{m}" for m in minors), "nvidiactl" in names)

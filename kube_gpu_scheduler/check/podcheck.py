@@ -5,16 +5,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from kube_gpu_scheduler.check import nvml
+from kube_gpu_scheduler.check.diagnose import Diagnosis, diagnose, isolating
 from kube_gpu_scheduler.check.results import Result
 from kube_gpu_scheduler.check.settings import DRA_MODE, MODES, Settings
 from kube_gpu_scheduler.domain.injection import (
     CUDA_DEVICE_ORDER,
     CUDA_VISIBLE_DEVICES,
+    INJECTION_MODES,
+    NVIDIA_VISIBLE_DEVICES,
     PCI_BUS_ID,
     desired_env,
 )
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, ordinal_of
 from kube_gpu_scheduler.domain.schedmap import Entry, MapError, SchedulingMap, gpu_name, parse
+
+# What NVIDIA's runtime (CDI and jit-cdi modes) leaves in NVIDIA_VISIBLE_DEVICES once it has
+# applied the devices the variable asked for.
+CDI_APPLIED = "void"
+# The checks of what the container got; a failing one carries the diagnosis (diagnose.py).
+GPU_CHECKS = frozenset({"nvml", "dev", "nvml:count", "nvml:indices", "nvml:uuids", "nvml:pci_bus_ids"})
 
 
 def expected_env(entry: Entry, mode: str) -> dict[str, str]:
@@ -24,17 +33,31 @@ def expected_env(entry: Entry, mode: str) -> dict[str, str]:
     numbers them 0..n-1 by itself (in PCI bus ID order)."""
     if mode == DRA_MODE:
         return {CUDA_DEVICE_ORDER: PCI_BUS_ID}
-    return dict(desired_env(entry, "nvidia" if mode == "nvidia" else "cuda"))
+    return dict(desired_env(entry, mode if mode in INJECTION_MODES else "cuda"))
 
 
-def env_results(entry: Entry, mode: str, env: Mapping[str, str | None], pod: str) -> list[Result]:
+def env_results(
+    entry: Entry, mode: str, env: Mapping[str, str | None], pod: str, in_container: bool = False
+) -> list[Result]:
     """One result per variable the mode requires: equal strings, nothing looser. In DRA mode
     also CUDA_VISIBLE_DEVICES unset: over the claim's GPUs (numbered from 0) it would hide or
-    reorder some of them."""
-    results = [
-        Result(f"env:{name}", want, env.get(name), env.get(name) == want, pod)
-        for name, want in expected_env(entry, mode).items()
-    ]
+    reorder some of them.
+
+    ``in_container``: the env a process of the container reads, where NVIDIA's runtime in a CDI
+    mode has replaced ``NVIDIA_VISIBLE_DEVICES`` with ``void`` once it applied the devices (its
+    generated CDI spec's edit): that is the variable acted on, and the devices are checked by
+    ``dev`` and NVML. Never in the pod spec (verify-release), where ``void`` asks for no GPU."""
+    results = []
+    for name, want in expected_env(entry, mode).items():
+        have = env.get(name)
+        if in_container and name == NVIDIA_VISIBLE_DEVICES and have == CDI_APPLIED:
+            why = (
+                "NVIDIA's runtime applied the CDI devices asked for and set the variable to void "
+                "(its generated spec's edit); dev and nvml check the GPUs"
+            )
+            results.append(Result(f"env:{name}", want, have, True, pod, {"note": why}))
+            continue
+        results.append(Result(f"env:{name}", want, have, have == want, pod))
     if mode == DRA_MODE:
         have = env.get(CUDA_VISIBLE_DEVICES)
         results.append(
@@ -98,12 +121,53 @@ def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
             "NVIDIA_VISIBLE_DEVICES": settings.nvidia_visible_devices,
         }
         env = {name: value for name, value in given.items() if value is not None}  # None: unset
-        results.extend(env_results(entry, settings.injection_mode, env, pod))
+        results.extend(env_results(entry, settings.injection_mode, env, pod, in_container=True))
     return results, entry
 
 
-def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlReport) -> list[Result]:
-    """Report NVML's GPUs; compare them with the entry when there is one."""
+def nvml_results(
+    settings: Settings, entry: Entry | None, report: nvml.NvmlReport, nodes: nvml.DeviceNodes | None = None
+) -> list[Result]:
+    """Report NVML's GPUs (and, when listed, the NVIDIA device nodes in /dev); compare them with the
+    entry when there is one. A failing check says why, when the container's view points at a
+    setting outside the pod (:func:`kube_gpu_scheduler.check.diagnose.diagnose`)."""
+    results = _nvml_checks(settings, entry, report)
+    if nodes is not None:
+        results.insert(1, dev_result(settings, entry, report, nodes))
+    why = diagnose(settings, entry, report, nodes)
+    if why is not None:
+        for r in results:
+            if r.ok is False and r.check in GPU_CHECKS:
+                r.extra.update(why.to_json())
+    return results
+
+
+def dev_result(
+    settings: Settings, entry: Entry | None, report: nvml.NvmlReport, nodes: nvml.DeviceNodes
+) -> Result:
+    """``dev``: the GPU device nodes (/dev/nvidia<N>) the runtime or DRA driver gave the container.
+    Where the mode isolates the entry's GPUs (nvidia, nvidia-cdi, DRA) exactly that many; in cuda
+    mode at least that many (the container sees the node's GPUs)."""
+    pod = settings.pod
+    if nodes.empty:
+        if settings.expect_no_gpu:
+            why = "no NVIDIA device node; CHECK_EXPECT_NO_GPU=true declares nodes without GPUs"
+            return Result("dev", None, nodes.to_json(), None, pod, {"skipped": why})
+        if report.available and report.count:
+            # Only a stand-in NVML (tests, a driver root of its own) counts GPUs without /dev/nvidiactl.
+            why = f"NVML counts {report.count} GPUs without any NVIDIA device node in {settings.dev_dir}"
+            return Result("dev", None, nodes.to_json(), None, pod, {"skipped": why})
+    if entry is None:
+        return Result("dev", None, nodes.to_json(), True, pod)
+    want = len(entry.gpus)
+    if isolating(settings, entry):
+        return Result("dev", want, nodes.to_json(), len(nodes.gpus) == want, pod)
+    return Result("dev", f"at least {want}", nodes.to_json(), len(nodes.gpus) >= want, pod)
+
+
+def _nvml_checks(settings: Settings, entry: Entry | None, report: nvml.NvmlReport) -> list[Result]:
+    """NVML's report, its count where the GPUs are isolated, and the entry's indices, UUIDs or PCI
+    bus IDs among its GPUs."""
     pod = settings.pod
     if not report.available:
         if settings.expect_no_gpu:
@@ -128,10 +192,7 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
     if entry is None:
         return results
     dra_mode = settings.injection_mode == DRA_MODE
-    isolated = (
-        dra_mode or settings.injection_mode == "nvidia" or settings.nvidia_visible_devices == entry.devices
-    )
-    if isolated:
+    if isolating(settings, entry):
         # The container runtime exposes only the mapped GPUs: NVML must count exactly those.
         why = (
             "DRA mode: the driver mounts only the claim's GPUs"
@@ -148,31 +209,34 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
                 {"why": why},
             )
         )
-    if entry.kind == "uuid":
-        # The map names the GPUs by UUID: each must be among those NVML sees (all of the node's in
-        # cuda mode, only the isolated ones in nvidia mode), compared in the map's normal form.
-        seen = {gpu_name(d.uuid) or d.uuid: d for d in report.devices}
-        missing_uuids = [g for g in entry.gpus if g not in seen]
+    if entry.kind in ("uuid", "pci"):
+        # The map names the GPUs by UUID (or, in DRA mode, PCI bus ID): each must be among those
+        # NVML sees (all of the node's in cuda mode, only the isolated ones otherwise), compared in
+        # the map's normal form (NVML's 00000000:3B:00.0 is the map's 0000:3b:00.0).
+        check = "nvml:uuids" if entry.kind == "uuid" else "nvml:pci_bus_ids"
+        key = (lambda d: d.uuid) if entry.kind == "uuid" else (lambda d: d.pci_bus_id)
+        seen = {gpu_name(key(d)) or key(d): d for d in report.devices}
+        missing = [g for g in entry.gpus if g not in seen]
         results.append(
             Result(
-                "nvml:uuids",
+                check,
                 list(entry.gpus),
-                {"count": report.count, "missing": missing_uuids},
-                not missing_uuids,
+                {"count": report.count, "missing": missing},
+                not missing,
                 pod,
                 {"devices": [seen[g].to_json() for g in entry.gpus if g in seen]},
             )
         )
     elif settings.injection_mode == "cuda":
         # CUDA_VISIBLE_DEVICES holds physical indices: each must exist among NVML's GPUs.
-        missing = [g for g in entry.indices if g >= report.count]
+        missing_indices = [g for g in entry.indices if g >= report.count]
         devices = [d.to_json() for g in entry.indices if (d := report.by_index(g)) is not None]
         results.append(
             Result(
                 "nvml:indices",
                 list(entry.gpus),
-                {"count": report.count, "missing": missing},
-                not missing and len(devices) == len(entry.gpus),
+                {"count": report.count, "missing": missing_indices},
+                not missing_indices and len(devices) == len(entry.gpus),
                 pod,
                 {"devices": devices},
             )
@@ -183,12 +247,25 @@ def nvml_results(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
 NvmlQuery = Callable[[], nvml.NvmlReport]
 
 
-def run_checks(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> list[Result]:
-    """Every check, in order: mode, map, ordinal, node, env, NVML."""
+NodesQuery = Callable[[str], nvml.DeviceNodes]
+
+
+def run_checks(
+    settings: Settings, nvml_query: NvmlQuery = nvml.query, nodes_query: NodesQuery = nvml.device_nodes
+) -> list[Result]:
+    """Every check, in order: mode, map, ordinal, node, env, NVML, device nodes."""
     results, entry = map_results(settings)
     try:
         report = nvml_query()
     except Exception as err:  # a crash in the NVML bindings must not take the check down
         report = nvml.NvmlReport(True, errors=(f"NVML query failed: {err.__class__.__name__}: {err}",))
-    results.extend(nvml_results(settings, entry, report))
+    results.extend(nvml_results(settings, entry, report, nodes_query(settings.dev_dir)))
     return results
+
+
+def diagnosis_of(results: list[Result]) -> Diagnosis | None:
+    """The diagnosis a run's failing GPU checks carry (they all carry the same one)."""
+    for r in results:
+        if "cause" in r.extra:
+            return Diagnosis(r.extra["cause"], r.extra["diagnosis"])
+    return None

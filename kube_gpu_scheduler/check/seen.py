@@ -30,10 +30,18 @@ TERMINATION_MESSAGE_LIMIT = 4096
 
 
 def seen(settings: Settings, results: Sequence[Result]) -> dict[str, Any]:
-    """The record of one run: ``ok``, ``pod``, ``node``, ``mode``, ``nvml`` status, ``gpus``, ``failed``."""
+    """The record of one run: ``ok``, ``pod``, ``node``, ``mode``, ``nvml`` status, ``gpus``, the
+    NVIDIA ``devices`` nodes in /dev, ``failed``, and when the GPUs are not the entry's the likely
+    ``cause`` and its ``diagnosis`` (kube_gpu_scheduler.check.diagnose)."""
     gpus: list[dict[str, Any]] = []
     status = "not run"
+    devices: Any = None
+    why: dict[str, Any] = {}
     for r in results:
+        if "cause" in r.extra and not why:
+            why = {"cause": r.extra["cause"], "diagnosis": r.extra["diagnosis"]}
+        if r.check == "dev":
+            devices = r.actual
         if r.check != "nvml":
             continue
         if r.ok is None:
@@ -55,7 +63,10 @@ def seen(settings: Settings, results: Sequence[Result]) -> dict[str, Any]:
         # NVML's indices in this container: physical indices in cuda mode; 0..n-1 of the
         # mapped GPUs in nvidia mode (the runtime renumbers them), hence UUID and bus ID.
         "gpus": gpus,
+        # /dev/nvidia<minor> per GPU the runtime (or DRA driver) gave, and /dev/nvidiactl.
+        "devices": devices,
         "failed": [r.check for r in results if r.ok is False],
+        **why,
     }
 
 

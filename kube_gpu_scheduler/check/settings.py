@@ -31,6 +31,7 @@ class Settings:
     nvidia_visible_devices: str | None = None
     injection_mode: str = "cuda"
     expect_no_gpu: bool = False
+    dev_dir: str = "/dev"
     termination_message_path: str = "/dev/termination-log"
     interval_seconds: float = 30.0
     port: int = 8080
@@ -93,7 +94,7 @@ TABLE: tuple[Setting, ...] = (
         "injection_mode",
         "GPU_INJECTION_MODE",
         _mode,
-        "`cuda` or `nvidia`, as the webhook's mode; `dra` in DRA mode",
+        "`cuda`, `nvidia` or `nvidia-cdi`, as the webhook's device mode; `dra` in DRA mode",
     ),
     Setting(
         "expect_no_gpu",
@@ -101,6 +102,13 @@ TABLE: tuple[Setting, ...] = (
         config.boolean,
         "`true`: the nodes have no GPUs (check chart `check.expectNoGPU`), so NVML being unavailable "
         "skips the device checks; `false`: it fails them (cannot verify devices)",
+    ),
+    Setting(
+        "dev_dir",
+        "CHECK_DEV_DIR",
+        config.text,
+        "where the container's NVIDIA device nodes (`nvidiactl`, `nvidia<N>`) are looked for (tests point "
+        "it elsewhere)",
     ),
     Setting(
         "termination_message_path",

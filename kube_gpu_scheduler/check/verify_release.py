@@ -31,6 +31,7 @@ from kube_gpu_scheduler.check.results import (
     passed,
 )
 from kube_gpu_scheduler.check.settings import DRA_MODE
+from kube_gpu_scheduler.domain.injection import CDI_GPU_PREFIX, NVIDIA_VISIBLE_DEVICES
 from kube_gpu_scheduler.domain.objects import Meta, Pod
 from kube_gpu_scheduler.domain.podinfo import ordinal_of
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse
@@ -63,7 +64,10 @@ def _container_env(container: Mapping[str, Any]) -> dict[str, str | None]:
 def _detect_mode(env: Mapping[str, str | None], mode: str) -> str:
     if mode != "auto":
         return mode
-    return "nvidia" if "NVIDIA_VISIBLE_DEVICES" in env else "cuda"
+    visible = env.get(NVIDIA_VISIBLE_DEVICES)
+    if visible is not None and visible.startswith(CDI_GPU_PREFIX):
+        return "nvidia-cdi"
+    return "nvidia" if NVIDIA_VISIBLE_DEVICES in env else "cuda"
 
 
 def _parse_or_none(text: str | None) -> SchedulingMap | None:

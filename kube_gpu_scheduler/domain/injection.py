@@ -18,13 +18,22 @@ from typing import Any, Literal
 
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, gpu_kind, gpu_sort_key, parse_gpu
 
-InjectionMode = Literal["cuda", "nvidia"]
-INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia")
+InjectionMode = Literal["cuda", "nvidia", "nvidia-cdi"]
+INJECTION_MODES: tuple[InjectionMode, ...] = ("cuda", "nvidia", "nvidia-cdi")
+# The device modes whose container runtime exposes only the entry's GPUs (numbered 0..n-1 inside).
+ISOLATING_MODES: tuple[InjectionMode, ...] = ("nvidia", "nvidia-cdi")
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 PCI_BUS_ID = "PCI_BUS_ID"
+# nvidia-cdi mode: the CDI kind NVIDIA's container runtime (>= 1.15, cdi, jit-cdi or auto mode)
+# resolves itself from NVML, a GPU by index (NVML's, PCI bus order) or UUID:
+# NVIDIA_VISIBLE_DEVICES=runtime.nvidia.com/gpu=0,runtime.nvidia.com/gpu=GPU-...
+CDI_GPU_KIND = "runtime.nvidia.com/gpu"
+CDI_GPU_PREFIX = CDI_GPU_KIND + "="
+# The RuntimeClass nvidia-cdi mode gives a pod by default (the GPU Operator's, NVIDIA's runtime).
+DEFAULT_RUNTIME_CLASS = "nvidia"
 # Init containers first: the order in which the kubelet runs them, and the order of the webhook's patch.
 CONTAINER_LISTS = ("initContainers", "containers")
 # A device list longer than this is not something the webhook wrote.
@@ -37,16 +46,43 @@ def desired_env(entry: Entry, mode: InjectionMode) -> list[tuple[str, str]]:
     ``cuda``: CUDA_VISIBLE_DEVICES lists the physical (nvidia-smi) indices, or the UUIDs.
     ``nvidia``: NVIDIA_VISIBLE_DEVICES lists them for the NVIDIA container runtime,
     which exposes only those GPUs, so CUDA sees them renumbered 0..n-1.
+    ``nvidia-cdi``: the same, each GPU written as the CDI device ``runtime.nvidia.com/gpu=<GPU>``
+    that NVIDIA's runtime in CDI mode resolves itself (a bare index there names the
+    management kind's device, which a GPU Operator >= 25.10 does not define: the container
+    fails to start); the pod also gets a RuntimeClass (:func:`runtime_class_for`).
 
     Both variables take an index or a UUID (``GPU-...``), never a PCI bus ID: an entry
     naming its GPUs by PCI bus ID is refused outside DRA mode (GPUNameNeedsDRA) before
     this is asked.
     """
     order = (CUDA_DEVICE_ORDER, PCI_BUS_ID)
-    if mode == "nvidia":
+    if mode in ISOLATING_MODES:
         renumbered = ",".join(str(i) for i in range(len(entry.gpus)))
-        return [(NVIDIA_VISIBLE_DEVICES, entry.devices), (CUDA_VISIBLE_DEVICES, renumbered), order]
+        visible = cdi_devices(entry.gpus) if mode == "nvidia-cdi" else entry.devices
+        return [(NVIDIA_VISIBLE_DEVICES, visible), (CUDA_VISIBLE_DEVICES, renumbered), order]
     return [(CUDA_VISIBLE_DEVICES, entry.devices), order]
+
+
+def cdi_devices(gpus: Iterable[GPU]) -> str:
+    """``runtime.nvidia.com/gpu=0,runtime.nvidia.com/gpu=GPU-...``: each GPU as it is written."""
+    return ",".join(CDI_GPU_PREFIX + str(g) for g in gpus)
+
+
+def runtime_class_for(mode: InjectionMode, configured: str) -> str | None:
+    """The RuntimeClass a mapped pod must run under in ``mode``: ``configured`` (the chart's
+    ``injection.runtimeClassName``) in nvidia-cdi mode, None otherwise or when it is empty (a
+    cluster whose default runtime is NVIDIA's in CDI mode needs none)."""
+    return configured or None if mode == "nvidia-cdi" else None
+
+
+def foreign_runtime_class(spec: Mapping[str, Any] | None, mode: InjectionMode, configured: str) -> str | None:
+    """The pod spec's own ``runtimeClassName`` when it names another class than the one
+    ``mode`` gives (nvidia-cdi mode), else None."""
+    want = runtime_class_for(mode, configured)
+    have = (spec or {}).get("runtimeClassName")
+    if want is None or have in (None, "", want):
+        return None
+    return str(have)
 
 
 def pod_containers(spec: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -122,14 +158,20 @@ def describe_env(env: Mapping[str, str | None]) -> str:
     return ", ".join(parts) if parts else f"{CUDA_VISIBLE_DEVICES} unset"
 
 
-def parse_devices(text: str | None) -> tuple[GPU, ...] | None:
+def parse_devices(text: str | None, prefix: str = "") -> tuple[GPU, ...] | None:
     """A comma-separated list of GPU indices or UUIDs (``"0,2"``, ``"GPU-8a3c...,GPU-..."``),
-    as the map reads them (UUIDs normalized); None when it is not one."""
-    if text is None or not text.strip() or len(text) > _MAX_DEVICE_TEXT:
+    as the map reads them (UUIDs normalized); None when it is not one. With ``prefix``
+    (:data:`CDI_GPU_PREFIX`), every item must carry it (``runtime.nvidia.com/gpu=0``)."""
+    # Each item of a CDI list is up to 23 characters longer.
+    if text is None or not text.strip() or len(text) > _MAX_DEVICE_TEXT * (8 if prefix else 1):
         return None
     out: list[GPU] = []
     for raw in text.split(","):
         token = raw.strip()
+        if prefix:
+            if not token.startswith(prefix):
+                return None
+            token = token[len(prefix) :]
         if not token.isascii() or len(token) > (4 if token.isdigit() else 40):
             return None
         value = parse_gpu(token)
@@ -145,13 +187,17 @@ def held_devices(spec: Mapping[str, Any] | None) -> tuple[GPU, ...]:
     containers.
 
     A container's physical GPUs are ``NVIDIA_VISIBLE_DEVICES`` when it is a
-    list of indices or UUIDs (``nvidia`` mode), else ``CUDA_VISIBLE_DEVICES``. Sorted
+    list of indices or UUIDs (``nvidia`` mode) or of ``runtime.nvidia.com/gpu=`` CDI devices
+    naming them (``nvidia-cdi`` mode), else ``CUDA_VISIBLE_DEVICES``. Sorted
     (:func:`gpu_sort_key`).
     """
     held: set[GPU] = set()
     for container in pod_containers(spec):
         env = plain_env(container)
-        devices = parse_devices(env.get(NVIDIA_VISIBLE_DEVICES))
+        visible = env.get(NVIDIA_VISIBLE_DEVICES)
+        devices = parse_devices(visible)
+        if devices is None:
+            devices = parse_devices(visible, CDI_GPU_PREFIX)
         if devices is None:
             devices = parse_devices(env.get(CUDA_VISIBLE_DEVICES))
         held.update(devices or ())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kube_gpu_scheduler.domain.injection import desired_env
+from kube_gpu_scheduler.domain.injection import desired_env, foreign_runtime_class, runtime_class_for
 from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     INVALID_MAP,
@@ -21,6 +21,7 @@ from kube_gpu_scheduler.domain.rules import (
     other_scheduler,
     pci_needs_dra,
     resolve,
+    runtime_class_conflict,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt, parse_cached
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
@@ -112,6 +113,16 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
             extra={**ctx, "scheduler_name": excerpt(str(scheduler)), "reasons": [other.reason]},
         )
         return Verdict(allowed=True, warnings=[other.message])
+    # nvidia-cdi mode: a pod naming another RuntimeClass would get no GPU under it (or a sandbox
+    # chosen for it would be dropped): refused whatever its map says.
+    foreign = foreign_runtime_class(spec, settings.injection_mode, settings.runtime_class_name)
+    if foreign is not None:
+        refusal = runtime_class_conflict(foreign, settings.runtime_class_name, "spec")
+        log.info(
+            "denied: the pod names another RuntimeClass",
+            extra={**ctx, "runtime_class": excerpt(foreign), "reasons": [refusal.reason]},
+        )
+        return Verdict.deny(403, refusal.message)
 
     decision = resolve({"metadata": {"name": name, "labels": labels, "annotations": annotations}})
     if decision.reason == INVALID_MAP:
@@ -142,6 +153,9 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
 
     desired = desired_env(entry, settings.injection_mode)
     patch = env_patch(spec, desired, req.uid)
+    runtime_class = runtime_class_for(settings.injection_mode, settings.runtime_class_name)
+    if runtime_class is not None and spec.get("runtimeClassName") != runtime_class:
+        patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": runtime_class})
     log.info(
         "patched" if patch else "already carries its GPU variables, no patch",
         extra={
@@ -149,6 +163,7 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
             "ordinal": decision.ordinal,
             "entry": str(entry),
             "env": dict(desired),
+            **({"runtime_class": runtime_class} if runtime_class else {}),
             "ops": len(patch),
             "reasons": [f.reason for f in findings],
         },

@@ -15,7 +15,7 @@ from typing import Literal
 
 from kube_gpu_scheduler.base import config
 from kube_gpu_scheduler.base.config import Setting, SettingsError
-from kube_gpu_scheduler.domain.injection import INJECTION_MODES, InjectionMode
+from kube_gpu_scheduler.domain.injection import DEFAULT_RUNTIME_CLASS, INJECTION_MODES, InjectionMode
 
 __all__ = ["GPU_RESOURCE_POLICIES", "LOG_LEVELS", "TABLE", "Settings", "SettingsError"]
 
@@ -51,6 +51,8 @@ class Settings:
     client_ca_file: str = ""
     # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
     scheduler_name: str = "gpu-scheduler"
+    # nvidia-cdi mode: the RuntimeClass a mapped pod gets ("" gives none).
+    runtime_class_name: str = DEFAULT_RUNTIME_CLASS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -63,6 +65,16 @@ def _scheduler_name(source: str, raw: str) -> str:
         raise SettingsError(
             f"{source}={raw[:80]!r} is not a valid scheduler name "
             "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
+        )
+    return raw
+
+
+def _runtime_class(source: str, raw: str) -> str:
+    raw = raw.strip()
+    if raw and (len(raw) > 253 or not _SCHEDULER_NAME_RE.fullmatch(raw)):
+        raise SettingsError(
+            f"{source}={raw[:80]!r} is not a valid RuntimeClass name "
+            "(lower-case letters, digits, '-' and '.'), nor empty"
         )
     return raw
 
@@ -84,7 +96,17 @@ TABLE: tuple[Setting, ...] = (
         "WEBHOOK_INJECTION_MODE",
         config.choice(INJECTION_MODES),
         "`cuda`: `CUDA_VISIBLE_DEVICES`=physical indices; `nvidia`: `NVIDIA_VISIBLE_DEVICES`=physical, "
-        "`CUDA_VISIBLE_DEVICES` renumbered from 0",
+        "`CUDA_VISIBLE_DEVICES` renumbered from 0; `nvidia-cdi`: `NVIDIA_VISIBLE_DEVICES`="
+        "`runtime.nvidia.com/gpu=<GPU>` per GPU, `CUDA_VISIBLE_DEVICES` renumbered from 0, and "
+        "`runtimeClassName`",
+    ),
+    Setting(
+        "runtime_class_name",
+        "WEBHOOK_RUNTIME_CLASS_NAME",
+        _runtime_class,
+        "`nvidia-cdi` mode: the `runtimeClassName` a mapped pod gets (NVIDIA's runtime); a pod naming "
+        "another is refused (`RuntimeClassConflict`); set and empty: none given",
+        keep_empty=True,
     ),
     Setting(
         "gpu_resource_policy",

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from kube_gpu_scheduler.domain.injection import foreign_runtime_class
 from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     Finding,
@@ -25,6 +26,7 @@ from kube_gpu_scheduler.domain.rules import (
     pci_needs_dra,
     pod_template_findings,
     replica_findings,
+    runtime_class_conflict,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse_cached
 from kube_gpu_scheduler.webhook.nodes import NodeLookup, NodeLookupUnavailable
@@ -113,6 +115,12 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
         return Verdict.deny(400, needs_dra[0].message)
 
     pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
+    # nvidia-cdi mode: every replica of this scheduler would be refused for its RuntimeClass.
+    foreign = foreign_runtime_class(pod_spec, settings.injection_mode, settings.runtime_class_name)
+    if foreign is not None and pod_spec.get("schedulerName") == settings.scheduler_name:
+        refusal = runtime_class_conflict(foreign, settings.runtime_class_name, "spec.template.spec")
+        log.info("denied: %s", refusal.reason, extra={**ctx, "reasons": [refusal.reason]})
+        return Verdict.deny(403, refusal.message)
     denial, findings = gpu_resource_policy(
         pod_spec, "spec.template.spec", req.uid, settings.gpu_resource_policy, "the pod template", log, ctx
     )

@@ -2,9 +2,10 @@
 ValidatingAdmissionPolicies agree with the parser (kube_gpu_scheduler.domain.schedmap.parse, the one grammar)
 and with the webhook.
 
-The chart is rendered twice in policy mode, once per device mode (`cuda` for the scheduler
-``gpu-scheduler``, `nvidia` for ``gpu-scheduler-nv``: each MutatingAdmissionPolicy matches its
-own scheduler's pods), and its policies are applied to the local control plane. Pods and
+The chart is rendered three times in policy mode, once per device mode (`cuda` for the scheduler
+``gpu-scheduler``, `nvidia` for ``gpu-scheduler-nv``, `nvidia-cdi` for ``gpu-scheduler-cdi``:
+each MutatingAdmissionPolicy matches its own scheduler's pods), and its policies are applied to
+the local control plane. Pods and
 StatefulSets are then created with ``dryRun=All``: the apiserver runs every admission step and
 returns the object it would store, without storing it.
 
@@ -14,8 +15,12 @@ returns the object it would store, without storing it.
   stay with the scheduler);
 * 10,000 seeded maps (tests/support/mapcorpus.py): where the parser accepts a map, each replica
   looked at (its ordinal in the pod-index label) gets exactly its entry's variables
-  (kube_gpu_scheduler.domain.injection.desired_env) and a replica without an entry none; where the parser
+  (kube_gpu_scheduler.domain.injection.desired_env; in nvidia-cdi mode also the RuntimeClass) and a
+  replica without an entry none; where the parser
   refuses it, the pod is refused (the refusal names the line), never admitted with devices;
+* nvidia-cdi mode: the policies and the webhook (its /mutate and /validate) agree on pods and
+  StatefulSets with no runtimeClassName, the injected one and another one (RuntimeClassConflict,
+  refused with the same words, the StatefulSet controller's pods included);
 * the largest map the apiserver stores (256 KiB of annotations): admitted within the CEL cost
   limits, with the time per admission printed (3 entries, 3,000 entries, the maximum);
 * pods the StatefulSet controller creates are not checked again (their template was, when the
@@ -43,12 +48,15 @@ import pytest
 from kubernetes import client
 
 from kube_gpu_scheduler.domain.injection import (
+    CDI_GPU_PREFIX,
     CUDA_DEVICE_ORDER,
     CUDA_VISIBLE_DEVICES,
+    DEFAULT_RUNTIME_CLASS,
     NVIDIA_VISIBLE_DEVICES,
     InjectionMode,
     desired_env,
     plain_env,
+    runtime_class_for,
 )
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
 from kube_gpu_scheduler.domain.rules import pci_needs_dra
@@ -60,7 +68,11 @@ from tests.support.mapcorpus import corpus, large_map, large_uuid
 pytestmark = pytest.mark.cluster
 
 # Device mode -> the scheduler name of the release rendered in that mode.
-SCHEDULERS: dict[InjectionMode, str] = {"cuda": "gpu-scheduler", "nvidia": "gpu-scheduler-nv"}
+SCHEDULERS: dict[InjectionMode, str] = {
+    "cuda": "gpu-scheduler",
+    "nvidia": "gpu-scheduler-nv",
+    "nvidia-cdi": "gpu-scheduler-cdi",
+}
 POLICY_KINDS = (
     "MutatingAdmissionPolicy",
     "MutatingAdmissionPolicyBinding",
@@ -68,12 +80,14 @@ POLICY_KINDS = (
     "ValidatingAdmissionPolicyBinding",
 )
 GPU_VARIABLES = (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER)
+# nvidia-cdi's (the GPU Operator's nvidia) and two that are not NVIDIA's runtime.
+RUNTIME_CLASSES = ("nvidia", "kata", "gvisor")
 UUID = "GPU-8a3c0d4e-1234-5678-9abc-def012345678"
 UUID2 = "GPU-8a3c0d4e-1234-5678-9abc-def012345679"
 # The apiserver's limit on all of an object's annotations together, keys included.
 ANNOTATIONS_LIMIT = 256 * 1024
 GENERATED_MAPS = 10_000
-FULLNAME = "gpu-scheduler"  # the chart's name: releases inj-cuda, inj-nvidia
+FULLNAME = "gpu-scheduler"  # the chart's name: releases inj-cuda, inj-nvidia, inj-nvidia-cdi
 SEED = 18
 THREADS = 8
 
@@ -201,6 +215,10 @@ def disagreement(text: str, ordinal: str, mode: InjectionMode, answer: Answer, s
         return f"refused by the parser but admitted with {got}" if any(got) else ""
     if not answer.allowed:
         return f"accepted by the parser ({want}) but refused: {answer.message}"
+    # nvidia-cdi mode: a replica with an entry also gets the RuntimeClass (these pods name none).
+    runtime_class = runtime_class_for(mode, DEFAULT_RUNTIME_CLASS) if want else None
+    if answer.obj["spec"].get("runtimeClassName") != runtime_class:
+        return f"runtimeClassName {answer.obj['spec'].get('runtimeClassName')!r}, expected {runtime_class!r}"
     for before, after in zip(containers(sent), containers(answer.obj), strict=True):
         got = gpu_env(after)
         # A variable the pod set itself and the policy does not: left as it was.
@@ -236,7 +254,34 @@ def apiserver(cluster: Cluster) -> Iterator[Apiserver]:
         }
         rendered = render_chart(cluster, f"inj-{mode}", "gpu-system", values)
         objects += [d for d in rendered if d["kind"] in POLICY_KINDS]
+    # A StatefulSet's map is checked by every release's map policy, whatever its scheduler (the
+    # check does not read it): the nvidia-cdi release's is the cuda release's, scheduler name
+    # aside, so its binding skips StatefulSets, which are then checked twice, not three times
+    # (a 256 KiB map costs seconds per policy). Its pods, and its other policies, are untouched.
+    for d in objects:
+        if (
+            d["kind"] == "ValidatingAdmissionPolicyBinding"
+            and d["metadata"]["name"] == f"inj-nvidia-cdi-{FULLNAME}-map"
+        ):
+            d["spec"]["matchResources"]["excludeResourceRules"] = [
+                {
+                    "apiGroups": ["apps"],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["statefulsets"],
+                    "scope": "Namespaced",
+                }
+            ]
+            break
+    else:
+        raise AssertionError("no map policy binding of the nvidia-cdi release")
     assert sorted({d["kind"] for d in objects}) == sorted(POLICY_KINDS)
+    # The RuntimeClasses the pods name: the apiserver refuses a pod naming one that does not exist
+    # (its RuntimeClass admission plugin validates after every mutation).
+    objects += [
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": n}, "handler": n}
+        for n in RUNTIME_CLASSES
+    ]
     # The apiserver refuses a policy whose expressions do not compile or cost too much.
     cluster.apply(objects)
     api = cluster.api_client()
@@ -270,12 +315,19 @@ def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
     from localcluster.admission import admission_review
     from tests.unit import test_rules_table as table
 
-    app = create_app(Settings(scheduler_name=table.OURS), node_lookup=table.Nodes(table.NODES)).test_client()
     node_reasons = {"NodeNotFound", "NoGPUResource", "GPUOutOfRange"}
     problems = []
     for case in table.CASES:
+        # Each case in its device mode, against the release rendered in that mode.
+        ours = SCHEDULERS[case.mode]
+        app = create_app(
+            Settings(scheduler_name=ours, injection_mode=case.mode), node_lookup=table.Nodes(table.NODES)
+        ).test_client()
         sent_pod = table.pod_of(case)
         sent_sts = table.statefulset(case)
+        for spec in (sent_pod["spec"], sent_sts["spec"]["template"]["spec"]):
+            if spec.get("schedulerName") == table.OURS:
+                spec["schedulerName"] = ours
         for obj in (sent_pod, sent_sts):
             obj["metadata"].pop("namespace", None)
             obj["metadata"].pop("uid", None)
@@ -293,22 +345,27 @@ def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
             if not answer.allowed:
                 continue
             if kind == "Pod":
-                want = webhook_env(obj, webhook.get("patch"))
+                want, want_class = webhook_patched(obj, webhook.get("patch"))
                 got = [gpu_env(c) for c in containers(answer.obj)]
                 if got != want:
                     problems.append(f"{where}: policy gave {got}, the webhook {want}")
+                if answer.obj["spec"].get("runtimeClassName") != want_class:
+                    problems.append(
+                        f"{where}: policy gave runtimeClassName {answer.obj['spec'].get('runtimeClassName')!r}, the webhook {want_class!r}"
+                    )
             warned = [w for w in webhook.get("warnings") or [] if not any(r in w for r in node_reasons)]
             if case.reason in node_reasons:
                 warned = []
-            # The release of the other device mode warns about pods of its own scheduler only.
-            ours = [w for w in answer.warnings if f"'inj-cuda-{FULLNAME}" in w]
-            if bool(warned) != bool(ours):
-                problems.append(f"{where}: webhook warnings {warned}, policy warnings {ours}")
+            # The releases of the other device modes warn about pods of their own scheduler only.
+            mine = [w for w in answer.warnings if f"'inj-{case.mode}-{FULLNAME}" in w]
+            if bool(warned) != bool(mine):
+                problems.append(f"{where}: webhook warnings {warned}, policy warnings {mine}")
     assert not problems, "\n".join(problems)
 
 
-def webhook_env(pod_obj: dict[str, Any], patch: str | None) -> list[dict[str, str | None]]:
-    """The GPU variables of each container once the webhook's JSONPatch is applied."""
+def webhook_patched(pod_obj: dict[str, Any], patch: str | None) -> tuple[list[dict[str, str | None]], Any]:
+    """The GPU variables of each container, and the pod's runtimeClassName, once the webhook's
+    JSONPatch is applied."""
     import base64
     import copy
 
@@ -325,7 +382,92 @@ def webhook_env(pod_obj: dict[str, Any], patch: str | None) -> list[dict[str, st
                 target[int(last)] = op["value"]
         else:
             target[last] = op["value"]
-    return [gpu_env(c) for c in containers(obj)]
+    return [gpu_env(c) for c in containers(obj)], obj["spec"].get("runtimeClassName")
+
+
+# -- nvidia-cdi: the RuntimeClass -------------------------------------------------------------------
+
+
+def test_nvidia_cdi_mode_agrees_with_the_webhook_on_the_runtime_class(apiserver: Apiserver) -> None:
+    """The policy and the webhook (nvidia-cdi, RuntimeClass nvidia) on pods and StatefulSets naming
+    no class, the injected one, another one: the same verdict, variables, class and refusal."""
+    from kube_gpu_scheduler.webhook.app import create_app
+    from kube_gpu_scheduler.webhook.settings import Settings
+    from localcluster.admission import admission_review
+    from tests.unit.test_rules_table import Nodes, node
+
+    scheduler = SCHEDULERS["nvidia-cdi"]
+    app = create_app(
+        Settings(scheduler_name=scheduler, injection_mode="nvidia-cdi"),
+        node_lookup=Nodes({"node1": node("node1"), "node2": node("node2")}),
+    ).test_client()
+    text = f"0=node1:3,1\n1=node2:{UUID}\n"
+    problems: list[str] = []
+    refused = 0
+    for runtime_class in (None, "nvidia", "kata"):
+        sts = statefulset(text, replicas=2, scheduler=scheduler)
+        cases: list[tuple[str, dict[str, Any]]] = [("StatefulSet", sts)]
+        for ordinal, init, malformed in (
+            ("0", True, False),
+            ("1", False, False),
+            ("5", False, False),
+            ("0", False, True),
+        ):
+            cases.append(("Pod", pod("0=node1:x\n" if malformed else text, ordinal, scheduler, init=init)))
+        for kind, obj in cases:
+            spec = obj["spec"]["template"]["spec"] if kind == "StatefulSet" else obj["spec"]
+            if runtime_class:
+                spec["runtimeClassName"] = runtime_class
+            path = "/mutate" if kind == "Pod" else "/validate"
+            webhook = app.post(path, json=admission_review(obj, kind=kind, uid="u")).get_json()["response"]  # type: ignore[arg-type]
+            answer = apiserver.create(obj)
+            where = (
+                f"{kind} {obj['metadata'].get('labels', {}).get(POD_INDEX_LABEL, '')} class {runtime_class}"
+            )
+            if webhook["allowed"] != answer.allowed:
+                problems.append(
+                    f"{where}: webhook allowed={webhook['allowed']}, policy {answer.message or 'allowed'}"
+                )
+                continue
+            if not answer.allowed:
+                if runtime_class == "kata":
+                    refused += 1
+                    # The webhook's words, as the policy writes them (the apiserver prefixes its own).
+                    if webhook["status"]["message"] not in answer.message:
+                        problems.append(
+                            f"{where}: policy said {answer.message!r}, the webhook {webhook['status']['message']!r}"
+                        )
+                continue
+            if kind == "Pod":
+                want, want_class = webhook_patched(obj, webhook.get("patch"))
+                got = [gpu_env(c) for c in containers(answer.obj)]
+                if got != want or answer.obj["spec"].get("runtimeClassName") != want_class:
+                    problems.append(
+                        f"{where}: policy gave {got} class {answer.obj['spec'].get('runtimeClassName')!r}, "
+                        f"the webhook {want} class {want_class!r}"
+                    )
+    assert not problems, "\n".join(problems)
+    # Another class: the StatefulSet and each of its (well-formed or not) pods refused.
+    assert refused == 5
+
+
+def test_nvidia_cdi_mode_refuses_the_statefulset_controllers_pod_naming_another_class(
+    apiserver: Apiserver,
+) -> None:
+    """Unlike the map's grammar, the RuntimeClass is checked on the controller's pods too (a
+    StatefulSet stored before the policy existed could name one)."""
+    sent = owned_by(pod("0=node1:0\n", "0", SCHEDULERS["nvidia-cdi"]), "StatefulSet")
+    sent["spec"]["runtimeClassName"] = "gvisor"
+    res = create_as(apiserver, STATEFULSET_CONTROLLER, sent)
+    assert res.returncode != 0, res.stdout[:300]
+    assert f"ValidatingAdmissionPolicy 'inj-nvidia-cdi-{FULLNAME}-runtime-class'" in res.stderr, res.stderr
+    assert "spec.runtimeClassName is 'gvisor', but this cluster's GPU injection" in res.stderr
+    # Its own class: admitted with its devices.
+    sent["spec"]["runtimeClassName"] = "nvidia"
+    res = create_as(apiserver, STATEFULSET_CONTROLLER, sent)
+    assert res.returncode == 0, res.stderr
+    admitted = json.loads(res.stdout)
+    assert gpu_env(containers(admitted)[0])[NVIDIA_VISIBLE_DEVICES] == f"{CDI_GPU_PREFIX}0"
 
 
 # -- 10,000 generated maps -------------------------------------------------------------------------
@@ -333,7 +475,7 @@ def webhook_env(pod_obj: dict[str, Any], patch: str | None) -> list[dict[str, st
 
 def requests_for(index: int, text: str, r: random.Random) -> list[tuple[str, InjectionMode, dict[str, Any]]]:
     """The pods to create for one map: each with (its ordinal, its device mode)."""
-    mode: InjectionMode = "cuda" if index % 2 == 0 else "nvidia"
+    mode: InjectionMode = ("cuda", "nvidia", "nvidia-cdi")[index % 3]
     try:
         ordinals = sorted(parse(text))
     except MapError:
@@ -488,8 +630,13 @@ def test_gpus_named_by_uuid_are_injected_as_the_map_names_them(apiserver: Apiser
         answer = apiserver.create(sent)
         assert not disagreement(text, "1", mode, answer, sent), answer.message
         env = gpu_env(containers(answer.obj)[0])
-        assert env[NVIDIA_VISIBLE_DEVICES if mode == "nvidia" else CUDA_VISIBLE_DEVICES] == f"{UUID},{UUID2}"
-        assert env[CUDA_VISIBLE_DEVICES] == ("0,1" if mode == "nvidia" else f"{UUID},{UUID2}")
+        if mode == "nvidia-cdi":
+            assert env[NVIDIA_VISIBLE_DEVICES] == f"{CDI_GPU_PREFIX}{UUID},{CDI_GPU_PREFIX}{UUID2}"
+        else:
+            assert (
+                env[NVIDIA_VISIBLE_DEVICES if mode == "nvidia" else CUDA_VISIBLE_DEVICES] == f"{UUID},{UUID2}"
+            )
+        assert env[CUDA_VISIBLE_DEVICES] == ("0,1" if mode != "cuda" else f"{UUID},{UUID2}")
 
 
 def test_an_index_as_long_as_a_uuid_is_an_index(apiserver: Apiserver) -> None:

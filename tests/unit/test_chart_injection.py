@@ -124,28 +124,70 @@ def test_policy_where_the_cluster_does_not_serve_it_fails_naming_the_version(kub
     assert f"--api-versions {MAP_API}" in res.stderr
 
 
-@pytest.mark.parametrize("device_mode", ["cuda", "nvidia"])
+@pytest.mark.parametrize("device_mode", ["cuda", "nvidia", "nvidia-cdi"])
 def test_policy_mode_renders_the_policies_and_nothing_of_the_webhook(device_mode: str) -> None:
     docs = render(
         CHART, values={**POLICY, "injection": {"mode": "policy", "deviceMode": device_mode}}, extra=SERVED
     )
     assert names(docs, "MutatingAdmissionPolicy") == {f"{FULL}-inject"}
     assert names(docs, "MutatingAdmissionPolicyBinding") == {f"{FULL}-inject"}
-    # The trust rules stay; the map's grammar and its warnings are new.
+    # The trust rules stay; the map's grammar and its warnings are new; nvidia-cdi: the RuntimeClass.
     vaps = {f"{FULL}-pods", f"{FULL}-map", f"{FULL}-map-warnings"}
+    if device_mode == "nvidia-cdi":
+        vaps.add(f"{FULL}-runtime-class")
     assert names(docs, "ValidatingAdmissionPolicy") == vaps
     assert names(docs, "ValidatingAdmissionPolicyBinding") == vaps
     assert not {d["kind"] for d in docs} & WEBHOOK_KINDS
     assert not [d["metadata"]["name"] for d in docs if mentions_webhook(d)]
     mutation = one(docs, "MutatingAdmissionPolicy")
     text = str(mutation["spec"])
-    assert ("NVIDIA_VISIBLE_DEVICES" in text) == (device_mode == "nvidia")
+    assert ("NVIDIA_VISIBLE_DEVICES" in text) == (device_mode != "cuda")
+    assert ("runtime.nvidia.com/gpu=" in text) == (device_mode == "nvidia-cdi")
     assert "CUDA_VISIBLE_DEVICES" in text and "PCI_BUS_ID" in text
     # ONE server-side-apply merge for containers and init containers (each merge converts the
     # whole pod: two cost the apiserver measurably more, bench/story.md).
     (patch,) = [m["applyConfiguration"]["expression"] for m in mutation["spec"]["mutations"]]
-    assert re.findall(r"\?(\w+): has\(object\.spec\.\1\)", patch) == ["containers", "initContainers"]
+    fields = ["containers", "initContainers"]
+    if device_mode == "nvidia-cdi":
+        fields.insert(0, "runtimeClassName")  # given unless the pod names one (then refused)
+        assert "optional.of('nvidia')" in patch
+    assert re.findall(r"\?(\w+): has\(object\.spec\.\1\)", patch) == fields
     assert mutation["spec"]["failurePolicy"] == "Fail"
+
+
+@pytest.mark.parametrize(
+    ("values", "runtime_class"),
+    [
+        ({"deviceMode": "nvidia-cdi"}, "nvidia"),
+        ({"deviceMode": "nvidia-cdi", "runtimeClassName": "nvidia-cdi"}, "nvidia-cdi"),
+        ({"deviceMode": "nvidia-cdi", "runtimeClassName": ""}, None),
+        ({"deviceMode": "nvidia", "runtimeClassName": "nvidia"}, None),
+    ],
+)
+def test_nvidia_cdi_gives_the_runtime_class_and_refuses_another(
+    values: dict[str, Any], runtime_class: str | None
+) -> None:
+    """injection.runtimeClassName: what the mutation gives a mapped pod (nvidia-cdi only; "" none),
+    what <fullname>-runtime-class refuses, what the webhook is told (WEBHOOK_RUNTIME_CLASS_NAME)."""
+    docs = render(CHART, values={"injection": {"mode": "policy", **values}}, extra=SERVED)
+    patch = str(one(docs, "MutatingAdmissionPolicy")["spec"]["mutations"])
+    assert ("runtimeClassName" in patch) == (runtime_class is not None)
+    vap = find(docs, "ValidatingAdmissionPolicy", f"{FULL}-runtime-class")
+    binding = find(docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-runtime-class")
+    assert len(vap) == len(binding) == (runtime_class is not None)
+    if runtime_class is not None:
+        assert f"optional.of('{runtime_class}')" in patch
+        (validation,) = vap[0]["spec"]["validations"]
+        assert validation["expression"] == f"variables.named == '' || variables.named == '{runtime_class}'"
+        assert f"RuntimeClass \\'{runtime_class}\\'" in validation["messageExpression"]
+        assert binding[0]["spec"]["validationActions"] == ["Deny"]
+        # Every pod of this scheduler carrying the map, the StatefulSet controller's too.
+        assert "userInfo" not in str(vap[0]["spec"])
+    hooked = render(CHART, values={"injection": {"mode": "webhook", **values}, **WEBHOOK_ON}, extra=SERVED)
+    env = webhook_env(hooked)
+    assert env["WEBHOOK_INJECTION_MODE"] == values["deviceMode"]
+    assert env["WEBHOOK_RUNTIME_CLASS_NAME"] == values.get("runtimeClassName", "nvidia")
+    assert not find(hooked, "ValidatingAdmissionPolicy", f"{FULL}-runtime-class")
 
 
 def test_policy_mode_matches_the_schedulers_mapped_replicas() -> None:
@@ -302,6 +344,8 @@ def test_the_deprecated_name_wins_and_notes_say_where_it_moved(tmp_path) -> None
         ({"injection": {"mdoe": "policy"}}, "mdoe"),
         ({"injection": {"deviceMode": "rocm"}}, "injection/deviceMode"),
         ({"webhook": {"injectionMode": "rocm"}}, "webhook/injectionMode"),
+        ({"injection": {"runtimeClassName": "Nvidia"}}, "injection/runtimeClassName"),
+        ({"injection": {"runtimeClassName": "nvidia;x"}}, "injection/runtimeClassName"),
         ({**POLICY}, "injection.mode=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy"),
     ],
 )
@@ -329,3 +373,18 @@ def test_policy_mode_with_the_webhook_on_renders_both_the_middle_step_of_a_migra
         extra=SERVED,
     )
     assert "AND the webhook is on: both inject" in notes and "--set webhook.enabled=false" in notes, notes
+
+
+def test_notes_say_what_nvidia_cdi_mode_needs_of_the_nodes(tmp_path: Path) -> None:
+    text = render_notes(CHART, tmp_path / "a", "injection.deviceMode=nvidia-cdi", extra=SERVED)
+    assert (
+        "Device mode nvidia-cdi: a mapped replica gets NVIDIA_VISIBLE_DEVICES=runtime.nvidia.com/gpu=" in text
+    )
+    assert "and runtimeClassName nvidia" in text
+    assert "accept-nvidia-visible-devices-envvar-when-unprivileged = true" in text
+    assert "kubectl get runtimeclass nvidia" in text
+    none = render_notes(
+        CHART, tmp_path / "b", "injection.deviceMode=nvidia-cdi", "injection.runtimeClassName=", extra=SERVED
+    )
+    assert "the nodes' DEFAULT runtime must be NVIDIA's" in none
+    assert "nvidia-cdi" not in render_notes(CHART, tmp_path / "c", extra=SERVED)

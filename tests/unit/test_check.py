@@ -35,6 +35,7 @@ def settings(**over: Any) -> Settings:
         "cuda_device_order": "PCI_BUS_ID",
         "nvidia_visible_devices": None,
         "injection_mode": "cuda",
+        "dev_dir": "/nonexistent/dev",  # no NVIDIA device node (tests/unit/test_check_diagnose.py lists some)
     }
     base.update(over)
     return Settings(**base)
@@ -183,6 +184,11 @@ def test_expected_env() -> None:
     assert expected_env(e, "cuda") == {"CUDA_VISIBLE_DEVICES": "4,2,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert expected_env(e, "nvidia") == {
         "NVIDIA_VISIBLE_DEVICES": "4,2,7",
+        "CUDA_VISIBLE_DEVICES": "0,1,2",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    assert expected_env(e, "nvidia-cdi") == {
+        "NVIDIA_VISIBLE_DEVICES": "runtime.nvidia.com/gpu=4,runtime.nvidia.com/gpu=2,runtime.nvidia.com/gpu=7",
         "CUDA_VISIBLE_DEVICES": "0,1,2",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
@@ -337,9 +343,11 @@ def test_expect_no_gpu_still_checks_the_gpus_nvml_sees() -> None:
 
 def test_run_checks_without_nvml_still_checks_node_and_env() -> None:
     results = run_checks(settings(), no_nvml)
-    assert [r.check for r in results][-1] == "nvml"
+    assert [r.check for r in results][-2:] == ["nvml", "dev"]
     assert not passed(results)
-    assert [r.check for r in results if r.ok is False] == ["nvml"]
+    # No NVML and no device node: the container got no GPU, and both say why.
+    assert [r.check for r in results if r.ok is False] == ["nvml", "dev"]
+    assert {r.extra["cause"] for r in results if r.ok is False} == {"no-gpu-from-runtime"}
     assert passed(run_checks(settings(expect_no_gpu=True), no_nvml))
     assert not passed(run_checks(settings(node_name="node1", expect_no_gpu=True), no_nvml))
 
@@ -559,6 +567,24 @@ def test_release_nvidia_mode_detected_per_container() -> None:
     # Forced cuda mode: the renumbered CUDA_VISIBLE_DEVICES no longer matches.
     results, _ = evaluate_release(pods, {"w": sts("w", MAP)}, "ns", mode="cuda")
     assert not passed(results)
+
+
+def test_release_nvidia_cdi_mode_detected_per_container() -> None:
+    cdi = "runtime.nvidia.com/gpu="
+    pods = [
+        pod(
+            "w-0",
+            "node1",
+            {"NVIDIA_VISIBLE_DEVICES": f"{cdi}0,{cdi}1", "CUDA_VISIBLE_DEVICES": "0,1", **ORDER},
+        ),
+        pod("w-1", "node2", {"NVIDIA_VISIBLE_DEVICES": f"{cdi}2", "CUDA_VISIBLE_DEVICES": "0", **ORDER}),
+    ]
+    results, _ = evaluate_release(pods, {"w": sts("w", MAP)}, "ns")
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+    assert {r.extra["mode"] for r in results if r.check.startswith("env:")} == {"nvidia-cdi"}
+    # Checked as nvidia mode, the CDI names are not the bare indices nvidia mode writes.
+    results, _ = evaluate_release(pods, {"w": sts("w", MAP)}, "ns", mode="nvidia")
+    assert {r.check for r in results if r.ok is False} == {"env:NVIDIA_VISIBLE_DEVICES"}
 
 
 def test_release_value_from_is_a_mismatch() -> None:

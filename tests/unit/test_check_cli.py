@@ -43,6 +43,8 @@ GOOD_ENV = {
     "CUDA_VISIBLE_DEVICES": "0",
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     "GPU_INJECTION_MODE": "cuda",
+    # This host's /dev may hold a GPU's nodes; the fake NVML describes its own.
+    "CHECK_DEV_DIR": "/nonexistent/dev",
 }
 
 
@@ -144,7 +146,11 @@ def test_once_without_nvml_fails_unless_no_gpu_is_declared() -> None:
     nvml_line = checks_of(res.stderr)["nvml"]
     assert nvml_line["ok"] is False and nvml_line["expected"] == "NVML available"
     assert nvml_line["actual"] == "NVML not available: NVMLError_DriverNotLoaded: Driver Not Loaded"
-    assert json_lines(res.stderr)[-1]["failed"] == ["nvml"]
+    # No device node either: the runtime gave the container no GPU, and the check says why.
+    assert json_lines(res.stderr)[-1]["failed"] == ["nvml", "dev"]
+    assert nvml_line["cause"] == "no-gpu-from-runtime"
+    assert nvml_line["diagnosis"].startswith("the container runtime gave this container no GPU")
+    assert "a pod without runtimeClassName runs under plain runc" in nvml_line["diagnosis"]
     declared = run_once(FAKE_NVML_INIT_ERROR="9", CHECK_EXPECT_NO_GPU="true")
     assert declared.returncode == 0, declared.stderr
     assert checks_of(declared.stderr)["nvml"]["ok"] is None

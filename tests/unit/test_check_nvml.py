@@ -38,6 +38,8 @@ def pod_env(map_text: str, mode: str = "cuda", **over: str) -> dict[str, str]:
         "GPU_INJECTION_MODE": mode,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "FAKE_NVML_DRIVER": DRIVER,
+        # This host's /dev may hold a GPU's nodes; the fake NVML describes its own.
+        "CHECK_DEV_DIR": "/nonexistent/dev",
     }
     env.update(over)
     return env
@@ -204,7 +206,9 @@ def test_nvml_unavailable_fails_unless_declared(fake_nvml: Path, tmp_path: Path)
     assert code == 1
     assert checks(lines)["nvml"]["ok"] is False
     record = json.loads(message.read_text())
-    assert record["ok"] is False and record["failed"] == ["nvml"] and record["gpus"] == []
+    assert record["ok"] is False and record["failed"] == ["nvml", "dev"] and record["gpus"] == []
+    assert record["devices"] == {"gpus": [], "nvidiactl": False}
+    assert record["cause"] == "no-gpu-from-runtime"
     assert record["nvml"] == "unavailable: NVML not available: NVMLError_DriverNotLoaded: Driver Not Loaded"
     code, lines = run_once({**env, "CHECK_EXPECT_NO_GPU": "true"})
     assert code == 0, lines

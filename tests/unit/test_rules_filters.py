@@ -216,7 +216,7 @@ def test_a_node_without_the_gpu_resource_is_refused_with_that_reason() -> None:
 # -- the webhook's variables ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["cuda", "nvidia"])
+@pytest.mark.parametrize("mode", ["cuda", "nvidia", "nvidia-cdi"])
 def test_a_pod_carrying_the_variables_of_either_mode_is_injected(mode: str) -> None:
     assert evaluate(pod(injected=mode), {"node2": node("node2")}, Ledger()).ok
 
@@ -240,6 +240,17 @@ def test_a_pod_admitted_without_its_variables_is_refused_whatever_the_node() -> 
             {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
         ],
         [{"name": "CUDA_VISIBLE_DEVICES", "value": "2"}],  # no device order: CUDA may number them differently
+        # nvidia-cdi mode's CDI device, but for another GPU, or bare (nvidia mode's form) with no CDI kind
+        [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "runtime.nvidia.com/gpu=3"},
+            {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+            {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        ],
+        [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "nvidia.com/gpu=2"},
+            {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+            {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        ],
         [
             {"name": "CUDA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},

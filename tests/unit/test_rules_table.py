@@ -34,7 +34,7 @@ import yaml
 
 from kube_gpu_scheduler.domain import rules as R
 from kube_gpu_scheduler.domain.fit import PodFootprint
-from kube_gpu_scheduler.domain.injection import desired_env
+from kube_gpu_scheduler.domain.injection import InjectionMode, desired_env
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, entry_for
 from kube_gpu_scheduler.domain.resources import GPU_RESOURCE, node_gpus
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError
@@ -86,6 +86,7 @@ class Case:
     node_pods: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     injected: bool = True
     map_on_statefulset: bool = False
+    mode: InjectionMode = "cuda"  # the webhook's device mode (WEBHOOK_INJECTION_MODE)
     # A front end whose verdict is another rule's (the case's object is what that front end sees).
     other: dict[str, str] = field(default_factory=dict)
 
@@ -168,6 +169,18 @@ CASES = [
     Case("unused-entry", R.ORDINAL_UNUSED, map_text=MAP + "7=node2:3\n"),
     # The pods of such a StatefulSet carry no map: the scheduler and /mutate see a pod without one.
     Case("map-on-statefulset", R.MAP_NOT_ON_TEMPLATE, map_on_statefulset=True, other={R.SCHEDULER: R.NO_MAP}),
+    # nvidia-cdi mode: the injector gives the pod RuntimeClass nvidia; naming it is no conflict.
+    Case("nvidia-cdi", OK, mode="nvidia-cdi"),
+    Case("nvidia-cdi-with-its-class", OK, mode="nvidia-cdi", spec={"runtimeClassName": "nvidia"}),
+    Case("nvidia-cdi-by-uuid", OK, mode="nvidia-cdi", map_text=UUID_MAP),
+    Case(
+        "another-runtime-class",
+        R.RUNTIME_CLASS_CONFLICT,
+        mode="nvidia-cdi",
+        spec={"runtimeClassName": "kata"},
+    ),
+    # Outside nvidia-cdi mode the runtime class is the pod's business.
+    Case("runtime-class-in-cuda-mode", OK, spec={"runtimeClassName": "kata"}),
 ]
 
 
@@ -210,7 +223,7 @@ def pod_of(case: Case) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"], "status": {}}
 
 
-def admitted(pod: dict[str, Any], injected: bool) -> dict[str, Any]:
+def admitted(pod: dict[str, Any], injected: bool, mode: InjectionMode = "cuda") -> dict[str, Any]:
     """The pod as stored: with the webhook's variables when ``injected`` and it has an entry."""
     pod = copy.deepcopy(pod)
     pod["status"] = {"phase": "Pending"}
@@ -220,7 +233,7 @@ def admitted(pod: dict[str, Any], injected: bool) -> dict[str, Any]:
         entry = None
     if injected and entry is not None:
         for c in pod["spec"]["containers"]:
-            c["env"] = [{"name": n, "value": v} for n, v in desired_env(entry, "cuda")]
+            c["env"] = [{"name": n, "value": v} for n, v in desired_env(entry, mode)]
     return pod
 
 
@@ -230,7 +243,7 @@ Verdict = tuple[str, set[str]]
 
 
 def scheduler_verdict(case: Case) -> Verdict:
-    pod = admitted(pod_of(case), case.injected)
+    pod = admitted(pod_of(case), case.injected, case.mode)
     if pod["spec"].get("schedulerName") != OURS or not is_pending(pod):
         return OK, set()  # never queued: its field selector / bound already
     ledger = Ledger()
@@ -262,7 +275,7 @@ class Nodes:
 def webhook_verdict(case: Case, path: str, caplog: pytest.LogCaptureFixture) -> Verdict:
     obj = pod_of(case) if path == "/mutate" else statefulset(case)
     body = admission_review(obj, kind="Pod" if path == "/mutate" else "StatefulSet", uid="u")
-    app = create_app(Settings(scheduler_name=OURS), node_lookup=Nodes(case.nodes))
+    app = create_app(Settings(scheduler_name=OURS, injection_mode=case.mode), node_lookup=Nodes(case.nodes))
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="webhook"):
         resp = app.test_client().post(path, json=body)

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kube_gpu_scheduler.domain.injection import held_devices, parse_devices
+from kube_gpu_scheduler.domain.injection import CDI_GPU_PREFIX, held_devices, parse_devices
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger, claim_of, is_active
 
 FORGED = "gpu-scheduler/assigned"
@@ -216,6 +216,23 @@ def test_gpus_named_by_uuid_are_held_as_the_map_names_them() -> None:
     # No variable: the map entry, by UUID.
     bare = pod(name="w-2", node="node1", phase="Running", smap=f"2=node1:{U1.upper()}")
     assert claim_of(bare) == Claim("node1", (U1,))
+
+
+def test_nvidia_cdi_mode_holds_the_gpus_its_cdi_devices_name() -> None:
+    """nvidia-cdi: NVIDIA_VISIBLE_DEVICES=runtime.nvidia.com/gpu=<GPU>,...; CUDA's are 0..n-1."""
+    cdi = f"{CDI_GPU_PREFIX}3, {CDI_GPU_PREFIX}1"
+    assert parse_devices(cdi, CDI_GPU_PREFIX) == (3, 1)
+    assert parse_devices(cdi) is None
+    for bad in (f"{CDI_GPU_PREFIX}3,1", "nvidia.com/gpu=3", f"{CDI_GPU_PREFIX}all", f"{CDI_GPU_PREFIX}"):
+        assert parse_devices(bad, CDI_GPU_PREFIX) is None, bad
+    assert claim_of(pod(nvidia=cdi, devices="0,1", node="node1", phase="Running")) == Claim("node1", (1, 3))
+    by_uuid = pod(nvidia=f"{CDI_GPU_PREFIX}{U2.upper()}", devices="0", node="node1", phase="Running")
+    assert claim_of(by_uuid) == Claim("node1", (U2,))
+    # 64 GPUs by UUID fit (each item 23 characters longer than in nvidia mode).
+    many = [f"GPU-8a3c0d4e-1234-5678-9abc-{i:012x}" for i in range(64)]
+    assert held_devices(pod(nvidia=",".join(CDI_GPU_PREFIX + u for u in many), devices="0")["spec"]) == tuple(
+        sorted(many)
+    )
 
 
 def test_a_ledger_holds_indices_and_uuids_side_by_side() -> None:

@@ -246,6 +246,11 @@ def test_settings_from_env_defaults_and_values() -> None:
         }
     )
     assert s == Settings(9443, "/c", "/k", "nvidia", "deny", 4096, "DEBUG", "/kc")
+    assert Settings.from_env({"WEBHOOK_INJECTION_MODE": "nvidia-cdi"}).runtime_class_name == "nvidia"
+    assert Settings.from_env({"WEBHOOK_RUNTIME_CLASS_NAME": ""}).runtime_class_name == ""  # none given
+    assert (
+        Settings.from_env({"WEBHOOK_RUNTIME_CLASS_NAME": " nvidia-cdi "}).runtime_class_name == "nvidia-cdi"
+    )
     with pytest.raises(AttributeError):
         s.port = 1  # type: ignore[misc]
 
@@ -256,6 +261,7 @@ def test_settings_from_env_defaults_and_values() -> None:
         ({"WEBHOOK_PORT": "https"}, "WEBHOOK_PORT='https' is not an integer"),
         ({"WEBHOOK_PORT": "70000"}, "WEBHOOK_PORT=70000 is outside"),
         ({"WEBHOOK_INJECTION_MODE": "rocm"}, "choose one of cuda, nvidia"),
+        ({"WEBHOOK_RUNTIME_CLASS_NAME": "Nvidia"}, "is not a valid RuntimeClass name"),
         ({"WEBHOOK_GPU_RESOURCE_POLICY": "ignore"}, "choose one of warn, deny"),
         ({"WEBHOOK_LOG_LEVEL": "loud"}, "WEBHOOK_LOG_LEVEL"),
     ],

@@ -226,6 +226,59 @@ def test_nvidia_mode_replaces_a_cuda_mode_value_and_is_idempotent() -> None:
     assert "patch" not in response
 
 
+CDI = "runtime.nvidia.com/gpu="
+
+
+def test_nvidia_cdi_mode_names_cdi_devices_and_sets_the_runtime_class() -> None:
+    """nvidia-cdi: each GPU as NVIDIA's runtime-generated CDI device, CUDA renumbered, and the
+    RuntimeClass (default nvidia) that runs NVIDIA's runtime on a GPU Operator with CDI on."""
+    response, out = mutated(client(injection_mode="nvidia-cdi"), pod("w-2"))
+    assert out["spec"]["runtimeClassName"] == "nvidia"
+    assert env_of(out["spec"]["containers"][0]) == [
+        ("NVIDIA_VISIBLE_DEVICES", f"{CDI}3,{CDI}1"),
+        ("CUDA_VISIBLE_DEVICES", "0,1"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+    ]
+    assert not response.get("warnings")
+    again, twice = mutated(client(injection_mode="nvidia-cdi"), out)
+    assert "patch" not in again and twice == out
+
+
+def test_nvidia_cdi_mode_writes_uuids_as_the_map_names_them() -> None:
+    uuid = "GPU-8a3c0d4e-1234-5678-9abc-def012345678"
+    _, out = mutated(client(injection_mode="nvidia-cdi"), pod("w-0", annotation=f"0=node1:{uuid.upper()}\n"))
+    assert dict(env_of(out["spec"]["containers"][0]))["NVIDIA_VISIBLE_DEVICES"] == CDI + uuid
+
+
+def test_nvidia_cdi_mode_with_its_own_class_named_or_none_configured() -> None:
+    named = pod("w-1")
+    named["spec"]["runtimeClassName"] = "nvidia"
+    _, out = mutated(client(injection_mode="nvidia-cdi"), named)
+    assert out["spec"]["runtimeClassName"] == "nvidia"
+    # runtime_class_name "": a cluster whose default runtime is NVIDIA's in CDI mode.
+    _, out = mutated(client(injection_mode="nvidia-cdi", runtime_class_name=""), pod("w-1"))
+    assert "runtimeClassName" not in out["spec"]
+    assert dict(env_of(out["spec"]["containers"][0]))["NVIDIA_VISIBLE_DEVICES"] == f"{CDI}2"
+
+
+def test_nvidia_cdi_mode_refuses_a_pod_naming_another_runtime_class(caplog: pytest.LogCaptureFixture) -> None:
+    """Never overwritten (it may be a sandbox someone chose) and never admitted as if it would get
+    its GPUs (under another class NVIDIA_VISIBLE_DEVICES does nothing, or fails the container)."""
+    caplog.set_level("INFO", logger="webhook")
+    sandboxed = pod("w-1")
+    sandboxed["spec"]["runtimeClassName"] = "kata"
+    response = admit(client(injection_mode="nvidia-cdi"), sandboxed)
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    message = response["status"]["message"]
+    assert message.startswith("spec.runtimeClassName is 'kata', but ")
+    assert "RuntimeClass 'nvidia'" in message and "injection.runtimeClassName" in message
+    assert [r.reasons for r in caplog.records if hasattr(r, "reasons")] == [["RuntimeClassConflict"]]
+    # The other modes leave the runtime class to the pod.
+    for mode in ("cuda", "nvidia"):
+        _, out = mutated(client(injection_mode=mode), copy.deepcopy(sandboxed))
+        assert out["spec"]["runtimeClassName"] == "kata"
+
+
 def test_malformed_map_is_denied_with_line_numbers() -> None:
     response = admit(client(), pod("w-0", annotation="0=node1:0\n1=node1:0\nbad line\n"))
     assert response["allowed"] is False
@@ -365,16 +418,16 @@ CONTAINER = st.one_of(
 @given(
     containers=st.lists(CONTAINER, min_size=1, max_size=3),
     init=st.lists(CONTAINER, max_size=2),
-    mode=st.sampled_from(["cuda", "nvidia"]),
+    mode=st.sampled_from(["cuda", "nvidia", "nvidia-cdi"]),
 )
 def test_any_env_converges_in_one_patch(containers: list[dict], init: list[dict], mode: str) -> None:
     c = client(injection_mode=mode)
     before = pod("w-2", copy.deepcopy(containers), init=copy.deepcopy(init))
     _, once = mutated(c, before)
     ours = {"CUDA_VISIBLE_DEVICES": "3,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if mode == "nvidia":
+    if mode in ("nvidia", "nvidia-cdi"):
         ours = {
-            "NVIDIA_VISIBLE_DEVICES": "3,1",
+            "NVIDIA_VISIBLE_DEVICES": "3,1" if mode == "nvidia" else f"{CDI}3,{CDI}1",
             "CUDA_VISIBLE_DEVICES": "0,1",
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         }
@@ -394,7 +447,7 @@ def test_any_env_converges_in_one_patch(containers: list[dict], init: list[dict]
     assert twice == once
 
 
-@pytest.mark.parametrize("mode", ["cuda", "nvidia"])
+@pytest.mark.parametrize("mode", ["cuda", "nvidia", "nvidia-cdi"])
 def test_log_lines_name_the_pod(mode: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG", logger="webhook")
     mutated(client(injection_mode=mode), pod("w-0"))

@@ -262,6 +262,27 @@ def test_gpu_resource_in_the_template_warns_or_denies() -> None:
     assert denied["status"]["code"] == 403
 
 
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_nvidia_cdi_mode_refuses_a_template_naming_another_runtime_class(operation: str) -> None:
+    obj = statefulset()
+    obj["spec"]["template"]["spec"]["runtimeClassName"] = "gvisor"
+    denied = validate(obj, operation=operation, injection_mode="nvidia-cdi")
+    assert denied["allowed"] is False and denied["status"]["code"] == 403
+    assert denied["status"]["message"].startswith(
+        "spec.template.spec.runtimeClassName is 'gvisor', but this cluster's GPU injection (device mode "
+        "nvidia-cdi) gives the map's GPUs through RuntimeClass 'nvidia'"
+    )
+    # Its own class, another configured one, no class given, another scheduler's pods, other modes.
+    obj["spec"]["template"]["spec"]["runtimeClassName"] = "nvidia"
+    assert validate(obj, injection_mode="nvidia-cdi")["allowed"] is True
+    obj["spec"]["template"]["spec"]["runtimeClassName"] = "gvisor"
+    assert validate(obj, injection_mode="nvidia-cdi", runtime_class_name="gvisor")["allowed"] is True
+    assert validate(obj, injection_mode="nvidia-cdi", runtime_class_name="")["allowed"] is True
+    assert validate(obj, injection_mode="nvidia")["allowed"] is True
+    other = validate(obj, injection_mode="nvidia-cdi", scheduler_name="gpu-sched-b")
+    assert other["allowed"] is True and "gpu-sched-b" in other["warnings"][0]
+
+
 def test_default_scheduler_is_warned_about() -> None:
     response = validate(statefulset(scheduler=None))
     assert response["warnings"] == [

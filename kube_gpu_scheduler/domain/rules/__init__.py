@@ -52,6 +52,7 @@ from kube_gpu_scheduler.domain.rules.findings import (
     NO_ORDINALS,
     NODE_NAME_SET,
     ORDINAL_UNUSED,
+    RUNTIME_CLASS_CONFLICT,
     SCHEDULER_NAME_MISMATCH,
     entries_by_node,
     gpu_resource_denial,
@@ -64,6 +65,7 @@ from kube_gpu_scheduler.domain.rules.findings import (
     pod_template_findings,
     ranges,
     replica_findings,
+    runtime_class_conflict,
     unused_ordinals,
 )
 from kube_gpu_scheduler.domain.rules.fit import (
@@ -186,6 +188,7 @@ __all__ = [
     "REFUSED_BY_KUBELET",
     "REGISTRY",
     "RULES",
+    "RUNTIME_CLASS_CONFLICT",
     "SCHEDULED",
     "SCHEDULER",
     "SCHEDULER_NAME_MISMATCH",
@@ -231,6 +234,7 @@ __all__ = [
     "resolve",
     "room_refusals",
     "rule",
+    "runtime_class_conflict",
     "tolerates",
     "unmapped",
     "untolerated_taints",

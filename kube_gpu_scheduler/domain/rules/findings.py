@@ -59,6 +59,15 @@ MAP_NOT_ON_TEMPLATE = rule(
     validate=WARN,
     lint=WARN,
 )
+RUNTIME_CLASS_CONFLICT = rule(
+    "RuntimeClassConflict",
+    "RuntimeClass",
+    "in nvidia-cdi device mode, a mapped pod names no runtimeClassName or the one the injector gives",
+    NEVER,
+    "only the admission front ends know the device mode",
+    mutate=REFUSE,
+    validate=REFUSE,
+)
 ORDINAL_UNUSED = rule("OrdinalNotUsed", "OrdinalUsed", "every map entry is a replica", NEVER, "", lint=WARN)
 # The YAML-only lints: their checks read the document (kube_gpu_scheduler.mapcli.manifest).
 NO_ORDINALS = rule(
@@ -160,6 +169,24 @@ def pod_template_findings(pod_spec: Mapping[str, Any], ours: str, where: str) ->
             )
         )
     return findings
+
+
+@emits(RUNTIME_CLASS_CONFLICT)
+def runtime_class_conflict(have: str, want: str, where: str) -> Finding:
+    """RuntimeClassConflict: the pod (or template, its spec at ``where``) names another
+    RuntimeClass than the one nvidia-cdi mode gives (``want``). Refused, never overwritten: the
+    class may be a sandbox (gVisor, Kata) someone chose, and under it the GPUs' CDI names would
+    give no GPU, or fail the container."""
+    return Finding(
+        RUNTIME_CLASS_CONFLICT,
+        f"{where}.runtimeClassName is {excerpt(have, 63)!r}, but this cluster's GPU injection "
+        f"(device mode nvidia-cdi) gives the map's GPUs through RuntimeClass {want!r}, NVIDIA's "
+        "container runtime, which alone reads the runtime.nvidia.com/gpu devices in "
+        "NVIDIA_VISIBLE_DEVICES: under another class the replica would get no GPU. Remove "
+        f"runtimeClassName (the injector sets {want!r}), or ask the operator to set the chart's "
+        "injection.runtimeClassName to a class that runs NVIDIA's runtime",
+        f"{where}.runtimeClassName",
+    )
 
 
 @emits(MAP_NOT_ON_TEMPLATE)
