@@ -29,7 +29,6 @@ inside: the GPUs NVIDIA's plugin prepared for its claim, and no others.
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,10 +49,12 @@ from localcluster.demo_dra import (
     DEMO_NS,
     REAL_NODE_GPUS,
     check_chart_dra,
+    columns,
     dra_rows,
     dra_table,
     publish_gpus,
     real_node_view,
+    say,
     verify_dra_release,
 )
 from localcluster.image import build as build_image
@@ -63,10 +64,6 @@ from localcluster.webhook_host import make_certs
 
 EXAMPLE = REPO / "examples" / "gpu-workload.yaml"
 RELEASE, SYSTEM_NS = "gpu-scheduler", "gpu-scheduler-system"
-
-
-def say(msg: str) -> None:
-    print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
 def chart_lease_name(cluster: Cluster) -> str:
@@ -117,16 +114,9 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["ordinal"] is None, r["ordinal"]))
 
 
-def _columns(lines: list[tuple[str, ...]]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("ORDINAL", "POD", "NODE", "GPUS", "CUDA_VISIBLE_DEVICES", "PHASE", "MAP SAYS", "MATCH")
-    return _columns(
+    return columns(
         [head]
         + [
             (

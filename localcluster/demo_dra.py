@@ -32,10 +32,12 @@ REAL_NODE_GPUS = 4
 
 
 def say(msg: str) -> None:
+    """A step of the demo, on stderr (the tables go to stdout)."""
     print(f"==> {msg}", file=sys.stderr, flush=True)
 
 
-def _columns(lines: list[tuple[str, ...]]) -> str:
+def columns(lines: list[tuple[str, ...]]) -> str:
+    """Rows as left-aligned columns (the demo's tables)."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
@@ -55,7 +57,7 @@ def devices_table(slices: list[dict[str, Any]], nodes: list[str]) -> str:
     for node in nodes:
         for i, d in enumerate(dra.node_devices(slices, node)):
             lines.append((node, str(i), d.name, d.pci_bus_id, d.uuid))
-    return _columns(lines)
+    return columns(lines)
 
 
 def dra_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
@@ -132,7 +134,7 @@ def dra_table(rows: list[dict[str, Any]]) -> str:
                     "yes" if r["ok"] else "NO",
                 )
             )
-    return _columns(lines)
+    return columns(lines)
 
 
 def publish_gpus(cluster: Cluster) -> list[dict[str, Any]]:
@@ -252,7 +254,7 @@ def real_node_view(cluster: Cluster) -> bool:
                 f"{want.name} ({want.uuid})" if want else "-",
             )
         )
-    print(_columns(lines))
+    print(columns(lines))
     same = sorted(str(g.get("uuid")) for g in gpus) == sorted(d.uuid for d in allocated if d)
     if same:
         say(
