@@ -22,34 +22,14 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from kube_gpu_scheduler.domain.rules.catalogue import (
-    ALLOCATED_GPU_GONE,
-    CLAIM_CREATED,
-    CLAIM_NOT_OURS,
-    CLAIM_REPLACED,
-    EVICTED_FOR_ROLLOUT,
-    GPU_ALLOCATED_ELSEWHERE,
-    GPU_NOT_PUBLISHED,
-    GPU_TAINTED,
-    TAINTED_CLAIM_RELEASED,
-)
+from kube_gpu_scheduler.domain.rules.catalogue import DRA_CLAIM_REASONS, EVICTED_FOR_ROLLOUT
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.metrics import Metrics
 
 KINDS = ("pod", "claim")
 OUTCOMES = ("done", "again", "waiting", "error")
 # The controller's Events (exported at zero from the start, so rate() works).
-REASONS = (
-    CLAIM_CREATED,
-    CLAIM_REPLACED,
-    CLAIM_NOT_OURS,
-    GPU_NOT_PUBLISHED,
-    GPU_ALLOCATED_ELSEWHERE,
-    ALLOCATED_GPU_GONE,
-    GPU_TAINTED,
-    TAINTED_CLAIM_RELEASED,
-    EVICTED_FOR_ROLLOUT,
-)
+REASONS = (*DRA_CLAIM_REASONS, EVICTED_FOR_ROLLOUT)
 # One key's work: cache reads (microseconds) and, when it writes, one or two API round trips.
 KEY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
