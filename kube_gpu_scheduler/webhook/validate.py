@@ -109,12 +109,15 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
         log.info("denied: malformed map", extra={**ctx, "error": str(exc), "reasons": [invalid.reason]})
         return Verdict.deny(400, invalid.message)
 
-    needs_dra = pci_needs_dra(smap.values())
+    pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
+    # PCI bus IDs: this scheduler's StatefulSets only (another release may run in DRA mode).
+    needs_dra = (
+        pci_needs_dra(smap.values()) if pod_spec.get("schedulerName") == settings.scheduler_name else []
+    )
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
 
-    pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
     # nvidia-cdi mode: every replica of this scheduler would be refused for its RuntimeClass.
     foreign = foreign_runtime_class(pod_spec, settings.injection_mode, settings.runtime_class_name)
     if foreign is not None and pod_spec.get("schedulerName") == settings.scheduler_name:

@@ -289,7 +289,10 @@ def test_check_serves_and_reads_nvml(
         # A plain `pip install .`: no NVML bindings (the nvml extra), and the check says so.
         assert status == 503, body
         assert nvml["ok"] is False and "pynvml is not installed" in nvml["actual"], nvml
-        assert [c["check"] for c in body["failed"]] == ["nvml"], body
+        # Nor has this host any /dev/nvidia*: dev fails beside it (the stand-in NVML is unread).
+        assert [c["check"] for c in body["failed"]] == ["nvml", "dev"], body
+        dev = next(c for c in body["checks"] if c["check"] == "dev")
+        assert dev["actual"] == {"gpus": [], "nvidiactl": False}, dev
     else:
         # The image (nvml extra): pynvml loads the fake libnvidia-ml.so.1 as it would the driver's.
         assert status == 200, body

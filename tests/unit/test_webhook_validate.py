@@ -304,6 +304,21 @@ def test_scheduler_name_is_the_configured_one() -> None:
     assert unset["warnings"][0].endswith("set it to the GPU scheduler's name (gpu-sched-b)")
 
 
+def test_pci_bus_ids_are_refused_for_this_schedulers_statefulsets_only() -> None:
+    """GPUNameNeedsDRA on this scheduler's StatefulSets; another scheduler (a second release
+    of the chart in DRA mode) may name GPUs by PCI bus ID, and its StatefulSet is only warned
+    about (it is not this scheduler's)."""
+    text = "0=node1:0000:3b:00.0\n"
+    ours = validate(statefulset(text, replicas=1))
+    assert ours["allowed"] is False and ours["status"]["code"] == 400
+    assert "PCI bus IDs name GPUs only in DRA mode" in ours["status"]["message"]
+    theirs = validate(statefulset(text, replicas=1, scheduler="gpu-scheduler-dra"))
+    assert theirs["allowed"] is True, theirs
+    assert [w.split(":")[0] for w in theirs["warnings"]] == [
+        "spec.template.spec.schedulerName is 'gpu-scheduler-dra', not the GPU scheduler (gpu-scheduler)"
+    ]
+
+
 def test_node_name_in_the_template_is_warned_about() -> None:
     obj = statefulset()
     obj["spec"]["template"]["spec"]["nodeName"] = "node1"
