@@ -21,11 +21,16 @@ from typing import Any
 import pytest
 
 from localcluster.cluster import NO_CONTROL_PLANE, Cluster, versions
+from tests.support.kubeapi import create_namespace, delete_namespace
 
 # Fixture modules of the components (tests/integration/fixtures_*.py), registered here.
-pytest_plugins = sorted(
-    f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
-)
+# And each test's time budget (tests/support/budget.py).
+pytest_plugins = [
+    *sorted(
+        f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
+    ),
+    "tests.support.budget",
+]
 
 CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product", "product_image"}
 
@@ -39,10 +44,28 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The tests that start the real kubelet node (one per host at a time): tests/node and these.
+REAL_NODE_GROUP = "real-node"
+REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
+
+
+def real_node_test(item: pytest.Item) -> bool:
+    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
+    return path.startswith("tests/node/") or path in REAL_NODE_MODULES
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    if config.getoption("dist", "no") == "loadgroup":
+        # `make test` runs two workers (pytest-xdist), each with a control plane of its own; a
+        # group runs on one worker, in order: a module (its module-scoped fixtures are made
+        # once, and its tests may build on each other), or every test of the real node.
+        for item in items:
+            group = REAL_NODE_GROUP if real_node_test(item) else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
@@ -86,22 +109,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+def namespace(cluster: Cluster, kube: Any) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    # The controller-manager creates the default ServiceAccount shortly after the namespace;
-    # pods are refused until it exists.
-    cluster.wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=60,
-        what=f"ServiceAccount {name}/default",
-    )
+    create_namespace(kube, name)
     try:
         yield name
     finally:
         if os.environ.get("KEEP_NAMESPACES") != "1":
-            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+            delete_namespace(kube, name)
 
 
 @pytest.fixture
