@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order).
 # tests/conftest.py keeps a module, and every test of the real node, on one worker.
 TEST_WORKERS ?= 2
-XDIST_ARGS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+XDIST_ARGS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
 
 .PHONY: help venv tools unit-tools image test test-unit lint demo cluster-up cluster-down clean
 

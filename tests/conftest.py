@@ -10,6 +10,7 @@ every process the test starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -37,11 +38,31 @@ CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product", "
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     # A SIGTERM (CI timeout, `kill`) unwinds like Ctrl-C, so fixture finalizers stop
-    # the control plane instead of leaving it running.
+    # the control plane instead of leaving it running. pytest-xdist's controller runs no test:
+    # it hands the signal on to its workers, which unwind so and then end the run.
+    xdist_controller = bool(session.config.getoption("numprocesses", None)) and not hasattr(
+        session.config, "workerinput"
+    )
+
     def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        workers = _children() if xdist_controller else []
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        if not workers:
+            raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _children() -> list[int]:
+    """The processes this one started (pytest-xdist's workers, in the controller)."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(stat.parent.name))
+    return found
 
 
 # The tests that start the real kubelet node (one per host at a time): tests/node and these.
@@ -49,23 +70,33 @@ REAL_NODE_GROUP = "real-node"
 REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
 
 
-def real_node_test(item: pytest.Item) -> bool:
-    path = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
-    return path.startswith("tests/node/") or path in REAL_NODE_MODULES
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs as a whole, in order: the test's module (its
+    module-scoped fixtures are made once, and its tests may build on each other), or, for every
+    test that starts the real kubelet node, :data:`REAL_NODE_GROUP`."""
+    path = nodeid.split("::", 1)[0]
+    return REAL_NODE_GROUP if path.startswith("tests/node/") or path in REAL_NODE_MODULES else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` (``-n 2 --dist loadscope``): two workers, each with a control plane of its
+    own, each taking a :func:`work_unit` at a time."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnits(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
-    if config.getoption("dist", "no") == "loadgroup":
-        # `make test` runs two workers (pytest-xdist), each with a control plane of its own; a
-        # group runs on one worker, in order: a module (its module-scoped fixtures are made
-        # once, and its tests may build on each other), or every test of the real node.
-        for item in items:
-            group = REAL_NODE_GROUP if real_node_test(item) else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

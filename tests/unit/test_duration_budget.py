@@ -83,8 +83,10 @@ def outcomes(out: str) -> dict[str, str]:
     return found
 
 
-def test_a_test_over_its_budget_fails_unless_marked_slow(tmp_path: Path) -> None:
-    res = run(tmp_path, TESTS)
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_a_test_over_its_budget_fails_unless_marked_slow(tmp_path: Path, workers: list[str]) -> None:
+    """Also on pytest-xdist's workers, as `make test` runs."""
+    res = run(tmp_path, TESTS, *workers)
     assert res.returncode == 1, res.stdout + res.stderr
     assert outcomes(res.stdout) == {
         "test_quick": "PASSED",
