@@ -86,6 +86,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # The units in collection order, the real node's first (pytest_collection_modifyitems): the
+    # longest unit starts at once, and the other worker takes the rest meanwhile.
+    config.option.loadscopereorder = False
+
     class WorkUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
@@ -93,10 +97,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WorkUnits(config, log)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the real node's tests first
+        items.sort(key=lambda item: work_unit(item.nodeid) != REAL_NODE_GROUP)
 
 
 @pytest.fixture(autouse=True)
