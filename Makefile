@@ -11,11 +11,15 @@ export GPU_SCHEDULER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-schedul
 TOOL_PATH := $(shell tools/provision.sh --print-bin-dirs | paste -sd: -)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOL_PATH):$(PATH)
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order).
+# tests/conftest.py keeps a module, and every test of the real node, on one worker.
+TEST_WORKERS ?= 2
+XDIST_ARGS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
 
-.PHONY: help venv tools image test test-unit lint demo cluster-up cluster-down clean
+.PHONY: help venv tools unit-tools image test test-unit lint demo cluster-up cluster-down clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 # The virtualenv is rebuilt when pyproject.toml changes.
 $(VENV)/.stamp: pyproject.toml
@@ -29,14 +33,19 @@ venv: $(VENV)/.stamp ## Create the virtualenv with the package and its dev tools
 tools: ## Build the pinned control-plane binaries into $(GPU_SCHEDULER_CACHE)
 	tools/provision.sh all
 
+unit-tools: ## Build only what the unit tests run: helm, ct, kube-score, NVIDIA's container toolkit
+	tools/provision.sh unit
+
 image: venv tools ## Build the image from the Dockerfile without Docker (mmdebstrap + buildah) into build/image/
 	$(PY) -m localcluster.image
 
-test: venv tools image ## Run the whole test suite (unit + local control plane + the real node)
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv tools image ## Before a commit (and CI): the whole suite (unit + local control plane + the real node)
+	$(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
 
-test-unit: venv tools ## Run only the tests that need no control plane (the charts still need helm)
-	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
+# The unit tests: no control plane, no real node, no fresh install of the wheel (those run in
+# `make test`); they need helm, ct, kube-score and NVIDIA's container toolkit, nothing else.
+test-unit: venv unit-tools ## While developing: the tests that need no control plane (tests/unit, tests/gpu), a few minutes
+	$(PY) -m pytest -m 'not cluster' tests/unit tests/gpu $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .

@@ -156,16 +156,20 @@ class ClusterNodes(ComponentProcesses):
         self.kubectl("delete", "node", name, "--ignore-not-found", "--wait=true")
 
     def wait_node_ready(self, name: str, timeout: float = 60) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        core: Any = client.CoreV1Api(self.admin_api())
+
         def ready() -> bool:
-            res = self.kubectl(
-                "get",
-                "node",
-                name,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-                check=False,
-            )
-            return res.returncode == 0 and res.stdout.strip() == "True"
+            try:
+                node = json.loads(core.read_node(name, _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            conditions = (node.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
         self.wait_until(ready, timeout, f"node {name} Ready")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -159,11 +160,23 @@ def chart_identity(
         for doc in objects:
             other_ns = (doc.get("metadata") or {}).get("namespace") not in (None, namespace)
             if doc["kind"] in CLUSTER_SCOPED or other_ns:
-                where = ["-n", doc["metadata"]["namespace"]] if other_ns else []
-                cluster.kubectl(
-                    "delete",
-                    f"{doc['kind'].lower()}/{doc['metadata']['name']}",
-                    *where,
-                    "--ignore-not-found",
-                    check=False,
-                )
+                _delete(cluster, doc)
+
+
+def _delete(cluster: Cluster, doc: dict[str, Any]) -> None:
+    """Delete one RBAC object through the API client (gone already, or failing: no matter, as
+    ``kubectl delete --ignore-not-found`` unchecked)."""
+    from kubernetes import client
+
+    kind, meta = doc["kind"], doc["metadata"]
+    api: Any = (client.CoreV1Api if kind == "ServiceAccount" else client.RbacAuthorizationV1Api)(
+        cluster.admin_api()
+    )
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()  # ClusterRoleBinding -> cluster_role_binding
+    with contextlib.suppress(client.ApiException):
+        if kind in CLUSTER_SCOPED:
+            getattr(api, f"delete_{snake}")(meta["name"], _preload_content=False)
+        else:
+            getattr(api, f"delete_namespaced_{snake}")(
+                meta["name"], meta["namespace"], _preload_content=False
+            )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,13 +28,19 @@ def versions() -> dict[str, str]:
 
 def bin_dirs() -> list[Path]:
     """The cache folders tools/provision.sh builds into (same layout, same keys)."""
+    return list(_bin_dirs(os.environ.get("GPU_SCHEDULER_CACHE"), os.environ.get("XDG_CACHE_HOME")))
+
+
+@functools.lru_cache(maxsize=4)
+def _bin_dirs(cache: str | None, xdg_cache: str | None) -> tuple[Path, ...]:
+    # Asked once per cache setting: every kubectl and helm call looks its binary up here.
     res = subprocess.run(
         [str(REPO / "tools" / "provision.sh"), "--print-bin-dirs"],
         capture_output=True,
         text=True,
         check=True,
     )
-    return [Path(p) for p in res.stdout.split()]
+    return tuple(Path(p) for p in res.stdout.split())
 
 
 def tool(name: str) -> Path:

@@ -10,6 +10,7 @@ every process the test starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,28 +22,87 @@ from typing import Any
 import pytest
 
 from localcluster.cluster import NO_CONTROL_PLANE, Cluster, versions
+from tests.support.kubeapi import create_namespace, delete_namespace
 
 # Fixture modules of the components (tests/integration/fixtures_*.py), registered here.
-pytest_plugins = sorted(
-    f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
-)
+# And each test's time budget (tests/support/budget.py).
+pytest_plugins = [
+    *sorted(
+        f"tests.integration.{p.stem}" for p in (Path(__file__).parent / "integration").glob("fixtures_*.py")
+    ),
+    "tests.support.budget",
+]
 
 CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product", "product_image"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     # A SIGTERM (CI timeout, `kill`) unwinds like Ctrl-C, so fixture finalizers stop
-    # the control plane instead of leaving it running.
+    # the control plane instead of leaving it running. pytest-xdist's controller runs no test:
+    # it hands the signal on to its workers, which unwind so and then end the run.
+    xdist_controller = bool(session.config.getoption("numprocesses", None)) and not hasattr(
+        session.config, "workerinput"
+    )
+
     def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        workers = _children() if xdist_controller else []
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        if not workers:
+            raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _children() -> list[int]:
+    """The processes this one started (pytest-xdist's workers, in the controller)."""
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.append(int(stat.parent.name))
+    return found
+
+
+# The tests that start the real kubelet node (one per host at a time): tests/node and these.
+REAL_NODE_GROUP = "real-node"
+REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
+
+
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs as a whole, in order: the test's module (its
+    module-scoped fixtures are made once, and its tests may build on each other), or, for every
+    test that starts the real kubelet node, :data:`REAL_NODE_GROUP`."""
+    path = nodeid.split("::", 1)[0]
+    return REAL_NODE_GROUP if path.startswith("tests/node/") or path in REAL_NODE_MODULES else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` (``-n 2 --dist loadscope``): two workers, each with a control plane of its
+    own, each taking a :func:`work_unit` at a time."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    # The units in collection order, the real node's first (pytest_collection_modifyitems): the
+    # longest unit starts at once, and the other worker takes the rest meanwhile.
+    config.option.loadscopereorder = False
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnits(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the real node's tests first
+        items.sort(key=lambda item: work_unit(item.nodeid) != REAL_NODE_GROUP)
 
 
 @pytest.fixture(autouse=True)
@@ -86,22 +146,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
+def namespace(cluster: Cluster, kube: Any) -> Iterator[str]:
     """A fresh namespace for one test, deleted afterwards (without waiting)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    # The controller-manager creates the default ServiceAccount shortly after the namespace;
-    # pods are refused until it exists.
-    cluster.wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
-        timeout=60,
-        what=f"ServiceAccount {name}/default",
-    )
+    create_namespace(kube, name)
     try:
         yield name
     finally:
         if os.environ.get("KEEP_NAMESPACES") != "1":
-            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+            delete_namespace(kube, name)
 
 
 @pytest.fixture

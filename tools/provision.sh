@@ -5,9 +5,12 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|nvidia|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|nvidia|nvidia-ctk|unit|all]...
+#   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
+#   nvidia-ctk: the container toolkit alone
+#   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -501,6 +504,9 @@ for t in "${targets[@]}"; do
     kube-score) with_lock "$kube_score_dir" build_kube_score ;;
     node) with_lock "$node_dir" build_node ;;
     nvidia) build_nvidia ;;
+    nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
+    unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
+          with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
          with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
          with_lock "$kube_score_dir" build_kube_score; with_lock "$node_dir" build_node

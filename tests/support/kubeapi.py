@@ -1,8 +1,12 @@
-"""Reading pods and events from the local control plane's apiserver, as API-shaped dicts."""
+"""Reading pods and events from the local control plane's apiserver, as API-shaped dicts; making
+and deleting the tests' namespaces (through the API client: a kubectl process costs about as
+much as the request itself, many times over on a loaded machine)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from typing import Any
 
 from kubernetes import client
@@ -52,3 +56,26 @@ def status(code: int, reason: str, message: str, **details: Any) -> dict[str, An
     if details:
         body["details"] = details
     return body
+
+
+def create_namespace(kube: Any, name: str, timeout: float = 60) -> None:
+    """Create namespace ``name`` and wait for its ``default`` ServiceAccount (the controller-manager
+    creates it shortly after the namespace; pods are refused until it exists)."""
+    core = client.CoreV1Api(kube)
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            core.read_namespaced_service_account("default", name, _preload_content=False)
+            return
+        except client.ApiException as err:
+            if api_error(err) is not ApiError.NOT_FOUND or time.monotonic() > deadline:
+                raise AssertionError(f"no ServiceAccount {name}/default after {timeout:.0f}s: {err}") from err
+        time.sleep(0.1)
+
+
+def delete_namespace(kube: Any, name: str) -> None:
+    """Delete namespace ``name`` without waiting for it to go; a failure is not the test's (as
+    ``kubectl delete --wait=false`` with check=False was)."""
+    with contextlib.suppress(client.ApiException):
+        client.CoreV1Api(kube).delete_namespace(name, _preload_content=False)

@@ -24,7 +24,7 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "requirements" / "runtime.txt"
-ROOT = "gpu-scheduler (pyproject.toml)"
+ROOT = "kube-gpu-scheduler (pyproject.toml)"
 # The environment the image runs the lock in: CPython 3.11 on Linux.
 IMAGE_ENV = {
     "python_version": "3.11",
