@@ -51,6 +51,8 @@ class Settings:
     client_ca_file: str = ""
     # The spec.schedulerName of pods the map applies to (the gpu-scheduler's name).
     scheduler_name: str = "gpu-scheduler"
+    # Tenancy: "namespace/name" of the grants ConfigMap the scheduler publishes ("": off).
+    tenancy_grants: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -100,6 +102,15 @@ TABLE: tuple[Setting, ...] = (
         _scheduler_name,
         "`spec.schedulerName` of the pods the map applies to; a mapped pod of another scheduler gets "
         "no injection and a warning",
+    ),
+    Setting(
+        "tenancy_grants",
+        "WEBHOOK_TENANCY_GRANTS",
+        config.text,
+        "tenancy: `namespace/name` of the ConfigMap of GPUPinningPolicy grants the scheduler publishes; "
+        "a map naming a node no policy grants the namespace is refused (RBAC: that ConfigMap `get`, "
+        "`list`, `watch`)",
+        doc_default="empty (off)",
     ),
     Setting(
         "kubeconfig",

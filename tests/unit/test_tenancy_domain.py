@@ -115,11 +115,11 @@ def test_the_grants_resolve_and_round_trip_through_the_configmap() -> None:
 
 def test_admission_names_the_line_the_node_and_the_policies_considered() -> None:
     grants = Grants({"team-a": frozenset({"a1"}), "shared": frozenset({"s1"})}, {"ta": ("shared", "team-a")})
-    smap = parse("0=a1:0\n# a comment\n1=b9:0 ; 2=b9:1\n3=s1:0")
-    (finding,) = R.map_not_granted(smap.values(), "ta", grants)
+    smap = parse("0=a1:0\n# a comment\n2=b9:0 ; 1=b9:1\n3=s1:0")
+    (finding,) = R.map_not_granted(smap.entries.values(), "ta", grants)
     assert finding.reason == R.NOT_GRANTED
     assert finding.message == (
-        "gpu-scheduling-map line 3: replica 1 is mapped to node 'b9', which no GPUPinningPolicy grants "
+        "gpu-scheduling-map line 3: replica 2 is mapped to node 'b9', which no GPUPinningPolicy grants "
         "namespace 'ta' (policies considered: shared, team-a) (and 1 more entry)"
     )
     (alone,) = R.map_not_granted(parse("0=a1:0").values(), "other", grants)

@@ -82,16 +82,16 @@ def not_granted(namespace: str, entry: Entry, considered: Sequence[tuple[str, st
 
 @emits(NOT_GRANTED)
 def map_not_granted(entries: Iterable[Entry], namespace: str, grants: Grants) -> list[Finding]:
-    """NotGranted at admission, once: the first entry (in text order) whose node no policy grants
-    ``namespace``, its line and the policies considered, and how many more entries fail."""
-    failing = sorted(
-        (e for e in entries if not grants.granted(namespace, e.node)), key=lambda e: (e.line, e.ordinal)
-    )
+    """NotGranted at admission, once: the first of ``entries`` (in text order:
+    ``SchedulingMap.entries.values()``) whose node no policy grants ``namespace``, its line and
+    the policies considered, and how many more entries fail. The chart's ``tenancy-policy.yaml``
+    says the same, word for word."""
+    failing = [e for e in entries if not grants.granted(namespace, e.node)]
     if not failing:
         return []
     first, considered = failing[0], grants.considered(namespace)
     more = len(failing) - 1
-    policies = _names(considered) if considered else f"none selects namespace '{namespace}'"
+    policies = ", ".join(considered) if considered else f"none selects namespace '{namespace}'"
     return [
         Finding(
             NOT_GRANTED,
