@@ -138,6 +138,10 @@ def test_only_admins_write_policies(tenancy: Tenancy) -> None:
         assert not can(tenant, verb, policies), verb
     assert not can(tenant, "update", f"{policies}|status") and not can(tenant, "patch", f"{policies}|status")
     assert can(tenant, "create", "statefulsets.apps", t.ns["a"])  # edit in its own namespace
+    # Nor can it label its namespace into another team's policies (namespaces are cluster-scoped).
+    assert not can(tenant, "patch", f"namespaces/{t.ns['a']}") and not can(
+        tenant, "update", f"namespaces/{t.ns['a']}"
+    )
     res = t.as_tenant("a", "delete", "gpupinningpolicy", t.policy_name("shared"))
     assert res.returncode != 0 and "forbidden" in res.stderr.lower()
     mine = {
