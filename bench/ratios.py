@@ -9,6 +9,7 @@ import statistics
 from bench.arms import ARMS, Run
 from bench.dra import DRA_ARMS
 from bench.scales import Results, Scale
+from bench.tenancy import TENANCY_ARMS, tenancy_ratios
 
 
 def median(values: list[float]) -> float:
@@ -154,6 +155,8 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
                     "",
                 )
             )
+    if any(r.arm in TENANCY_ARMS for r in results.runs):
+        rows += tenancy_ratios(results.runs, list(scale.groups[0][1]))
     if any(r.arm in DRA_ARMS for r in results.runs):
         from bench.drareport import dra_ratios  # (it reads this module's helpers)
 

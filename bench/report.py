@@ -17,6 +17,7 @@ from bench.ratios import (
     spread,
 )
 from bench.scales import Results, Scale
+from bench.tenancy import tenancy_section
 from localcluster.toolcache import versions
 
 
@@ -271,6 +272,16 @@ the time its Binding was sent). After every run the pods are read back: each on 
 with its mapped GPU, and no node:GPU held twice among all the benchmark's pods.
 
 {bind_table(results, scale)}
+
+## Tenancy: on against off
+
+Arm A twice, interleaved: on the gpu-scheduler with tenancy off (T0) and on a second one with
+tenancy on (T1: a GPUPinningPolicy per workload granting its namespace every node with
+`maxGPUs` exactly what its pods take, beside other teams' policies that match nothing here; it
+writes the policies' status and publishes the grants as in production). Both run the whole
+phase. bench/tenancy.py.
+
+{tenancy_section(results.runs, list(scale.groups[0][1]))}
 
 ## Injection: the webhook, the admission policies, nothing
 

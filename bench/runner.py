@@ -11,7 +11,8 @@ Order (each step on the same control plane, so the ratios compare like with like
    then its pods are deleted;
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
 6. DRA mode against kube-scheduler on claims made beforehand (bench/dra.py: its own gpu-scheduler
-   in DRA mode, started for that phase only);
+   in DRA mode, started for that phase only); tenancy on against off, arm A each (bench/tenancy.py:
+   a second gpu-scheduler with tenancy on, started for that phase only);
 7. one more scheduler run of the largest plan under py-spy (the profile);
 8. the report (bench.report).
 
@@ -48,6 +49,7 @@ from bench.dra import DraBench
 from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
+from bench.tenancy import TenancyBench
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
 from kube_gpu_scheduler.kube.timefmt import micro_time
 from localcluster.admission import POD_CREATE_RULE
@@ -456,6 +458,7 @@ class Bench:
         try:
             self.start()
             self.bind_arms()
+            TenancyBench(self, SCHEDULER, SYSTEM_NS).run()
             self.webhook_arms()
             DraBench(self, TUNED).run()
             self.profile()

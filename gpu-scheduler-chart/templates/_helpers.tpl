@@ -307,6 +307,62 @@ matchExpressions:
 {{- end }}
 
 {{/*
+The namespaces injection serves (the selector above) as JSON, for the scheduler
+(GPU_SCHEDULER_INJECTION_NAMESPACES): a replica admitted without its variables elsewhere waits
+for its namespace to be opted in instead of being deleted and recreated.
+*/}}
+{{- define "gpu-scheduler.namespaceSelectorJson" -}}
+{{- include "gpu-scheduler.namespaceSelector" . | fromYaml | toJson }}
+{{- end }}
+
+{{/*
+"true" when something injects the GPU variables: the webhook, or the injection policy.
+*/}}
+{{- define "gpu-scheduler.injects" -}}
+{{- if or .Values.webhook.enabled (eq (include "gpu-scheduler.injectionMode" .) "policy") }}true{{- end }}
+{{- end }}
+
+{{/*
+Tenancy: the ConfigMap the scheduler publishes the resolved grants to (policy.<name> -> nodes,
+ns.<namespace> -> policies), read by the tenancy ValidatingAdmissionPolicy and the webhook.
+*/}}
+{{- define "gpu-scheduler.grantsName" -}}
+{{- printf "%s-grants" (include "gpu-scheduler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The OpenAPI schema of a metav1.LabelSelector (the GPUPinningPolicy CRD's two selectors).
+*/}}
+{{- define "gpu-scheduler.labelSelectorSchema" -}}
+type: object
+x-kubernetes-map-type: atomic
+properties:
+  matchLabels:
+    type: object
+    additionalProperties:
+      type: string
+  matchExpressions:
+    type: array
+    items:
+      type: object
+      required: [key, operator]
+      properties:
+        key:
+          type: string
+          minLength: 1
+        operator:
+          type: string
+          enum: [In, NotIn, Exists, DoesNotExist]
+        values:
+          type: array
+          items:
+            type: string
+      x-kubernetes-validations:
+        - rule: "(self.operator == 'In' || self.operator == 'NotIn') == (has(self.values) && size(self.values) > 0)"
+          message: In and NotIn need values; Exists and DoesNotExist take none
+{{- end }}
+
+{{/*
 Extender mode: names, labels, the kube-scheduler image.
 */}}
 {{- define "gpu-scheduler.kubeSchedulerName" -}}

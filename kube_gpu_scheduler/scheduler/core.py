@@ -15,7 +15,10 @@ Threads:
 * the leader elector, the event sender and the HTTP server;
 * in DRA mode, the claim controller (:mod:`kube_gpu_scheduler.scheduler.dra`): its four
   informers are started, reported and waited for with these, its workers start with
-  these, and it learns when this process starts leading.
+  these, and it learns when this process starts leading;
+* with tenancy or scoped injection, the policies' and namespaces' informers and the status
+  writer (:mod:`kube_gpu_scheduler.scheduler.policystatus`), likewise; the checks themselves are
+  :mod:`kube_gpu_scheduler.scheduler.tenancy` and :mod:`kube_gpu_scheduler.scheduler.optin`.
 
 ``kube_gpu_scheduler.scheduler.main.build`` makes the objects (API clients, informers, elector)
 and hands them in: the class itself talks to no API, so a unit test drives
@@ -41,6 +44,7 @@ from kube_gpu_scheduler.scheduler.leader import LeaderElector
 from kube_gpu_scheduler.scheduler.ledger import Ledger, pod_key
 from kube_gpu_scheduler.scheduler.lostnode import LostNodeReports, node_ready
 from kube_gpu_scheduler.scheduler.metrics import Metrics
+from kube_gpu_scheduler.scheduler.optin import InjectionScope
 from kube_gpu_scheduler.scheduler.placement import Outcome, Placed, Placement
 from kube_gpu_scheduler.scheduler.pods import is_gated, is_pending, pod_signature
 from kube_gpu_scheduler.scheduler.recreate import NotInjectedRecreation
@@ -49,6 +53,7 @@ from kube_gpu_scheduler.scheduler.report import Reporter
 from kube_gpu_scheduler.scheduler.rollout import RolloutEvictions
 from kube_gpu_scheduler.scheduler.server import Probes
 from kube_gpu_scheduler.scheduler.settings import EXTENDER, Settings
+from kube_gpu_scheduler.scheduler.tenancy import Tenancy
 from kube_gpu_scheduler.scheduler.usage import NodeUsage, footprint
 from kube_gpu_scheduler.scheduler.waiting import WaitingIndex
 from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
@@ -129,7 +134,9 @@ class Scheduler:
         self.assigned: Cache
         self.nodes: Cache
         self.elector: LeaderElector | None = None
-        self.controller: Controller | None = None
+        self.controllers: list[Controller] = []
+        self.tenancy: Tenancy | None = None
+        self.scope: InjectionScope | None = None
         self.stop_event = threading.Event()
         self._lock = threading.Lock()
         self._last_bind = float("-inf")  # time.monotonic() of the latest Binding
@@ -149,7 +156,15 @@ class Scheduler:
         """The caches whose handlers are :meth:`handlers`, the elector (None: always lead), and
         a controller that runs beside the placement loop (DRA mode's claim controller)."""
         self.pods, self.assigned, self.nodes, self.elector = pods, assigned, nodes, elector
-        self.controller = controller
+        self.controllers = [controller] if controller is not None else []
+
+    def attach_tenancy(
+        self, tenancy: Tenancy | None, scope: InjectionScope | None, controller: Controller
+    ) -> None:
+        """Tenancy's checks, the namespaces injection serves, and their informers' controller."""
+        self.tenancy, self.scope = tenancy, scope
+        self.placement.limit = tenancy.limit if tenancy is not None else None
+        self.controllers.append(controller)
 
     def handlers(self) -> tuple[_Handler, _Handler, _Handler]:
         """What the pods, the assigned-pods and the nodes informers call."""
@@ -176,7 +191,8 @@ class Scheduler:
     def decide(self, pod: Mapping[str, Any], room: bool = True) -> Decision:
         """The placement rules on the caches and the ledger; ``room``: with the fit checks."""
         usage = self.usage if room else None
-        return evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection, usage)
+        decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection, usage)
+        return self.tenancy.decide(pod, decision) if self.tenancy is not None else decision
 
     # -- leadership ------------------------------------------------------------------
 
@@ -192,8 +208,8 @@ class Scheduler:
         for pod in self.pods.items():
             if is_pending(pod):
                 self.queue.add(pod_key(pod))
-        if self.controller is not None:
-            self.controller.started_leading()
+        for controller in self.controllers:
+            controller.started_leading()
 
     def stopped_leading(self) -> None:
         self.metrics.leader.set(0)
@@ -232,10 +248,14 @@ class Scheduler:
 
     def _node_changed(self, node: Obj) -> None:
         self._requeue_nodes([Node(node).name or ""])
+        if self.tenancy is not None:
+            self.tenancy.labels_changed(None, node)  # added or deleted
 
     def _node_updated(self, old: Obj, new: Obj) -> None:
         if node_signature(old) != node_signature(new):
-            self._node_changed(new)
+            self._requeue_nodes([Node(new).name or ""])
+            if self.tenancy is not None:
+                self.tenancy.labels_changed(old, new)
         if node_ready(old) and not node_ready(new):
             # Rare (a node lost): our pods already terminating there keep their GPUs; say so.
             name = Node(new).name
@@ -257,6 +277,10 @@ class Scheduler:
         self.backoff.forget(key)
         self.waiting.unwait(key)
         self.recreation.forget(uid)
+        if self.tenancy is not None:
+            self.tenancy.forget(key)
+        if self.scope is not None:
+            self.scope.forget(pod)
         with self._lock:
             self._first_seen.pop(uid, None)
         self.report.forget(uid)
@@ -293,7 +317,11 @@ class Scheduler:
         if decision.reason == NOT_INJECTED:
             self.ledger.cancel(pod)
             self.waiting.wait(key, "")
-            self.recreation.handle(pod, decision)
+            held = self.scope.hold(pod, decision) if self.scope is not None else None
+            if held is not None:  # injection does not serve its namespace: recreating it would loop
+                self._refuse(pod, held)
+            else:
+                self.recreation.handle(pod, decision)
             return
         if self.settings.mode == EXTENDER:
             return  # kube-scheduler places the pod and calls kube_gpu_scheduler/scheduler/extender.py
@@ -340,7 +368,7 @@ class Scheduler:
         return (
             self.queue.busy()
             or time.monotonic() - self._last_bind < BURST_GAP_S
-            or (self.controller is not None and self.controller.busy())
+            or any(controller.busy() for controller in self.controllers)
         )
 
     def _bound(
@@ -376,8 +404,8 @@ class Scheduler:
 
     def caches(self) -> dict[str, Watched]:
         caches: dict[str, Watched] = {"pods": self.pods, "assigned-pods": self.assigned, "nodes": self.nodes}
-        if self.controller is not None:
-            caches.update(self.controller.caches())
+        for controller in self.controllers:
+            caches.update(controller.caches())
         return caches
 
     def start(self) -> None:
@@ -405,8 +433,8 @@ class Scheduler:
             thread = threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
             thread.start()
             self.workers.append(thread)
-        if self.controller is not None:
-            self.workers.extend(self.controller.start_workers(self.stop_event))
+        for controller in self.controllers:
+            self.workers.extend(controller.start_workers(self.stop_event))
         if self.elector is not None:
             self.elector.start(self.stop_event)
         else:
@@ -417,8 +445,8 @@ class Scheduler:
         """Stop placing pods, then give up the Lease: no bind can follow the release."""
         self.stop_event.set()
         self.queue.shutdown()
-        if self.controller is not None:
-            self.controller.shutdown()
+        for controller in self.controllers:
+            controller.shutdown()
         deadline = time.monotonic() + timeout
         for thread in self.workers:
             thread.join(max(0.0, deadline - time.monotonic()))

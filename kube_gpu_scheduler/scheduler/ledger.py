@@ -23,14 +23,20 @@ tenants could rewrite, means nothing to this ledger.
 Between the scheduler's decision and the watch showing the pod bound, the
 GPUs are kept as a *reservation*, so two workers cannot both take a GPU and an
 older copy of the pod arriving late on the watch cannot erase the decision.
+
+With tenancy on, the GPUs each namespace holds on each node are also counted here
+(:meth:`Ledger.places`), every change is told to a listener (the policies' counts,
+:mod:`kube_gpu_scheduler.scheduler.tenancy`) under the ledger's lock, and a reservation may
+be made subject to a limit checked under that same lock (:meth:`Ledger.reserve`), so two
+workers can never both take the last GPUs a policy allows.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kube_gpu_scheduler.domain.injection import held_devices
 from kube_gpu_scheduler.domain.objects import Pod
@@ -38,6 +44,10 @@ from kube_gpu_scheduler.domain.podinfo import entry_for
 from kube_gpu_scheduler.domain.schedmap import GPU, MapError, gpu_sort_key
 
 FINISHED_PHASES = ("Succeeded", "Failed")
+
+# The listener: (namespace, node, GPUs added; negative when released), called under the lock.
+Listener = Callable[[str, str, int], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -94,11 +104,14 @@ def claim_of(pod: Mapping[str, Any]) -> Claim | None:
 class Ledger:
     """Thread-safe index of held GPUs, fed by the pod watch and by the scheduler's own writes."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, listener: Listener | None = None) -> None:
+        # Re-entrant: a limit checked under it (reserve) may list holders (holdings).
+        self._lock = threading.RLock()
         self._gpus: dict[tuple[str, GPU], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
         self._pods: dict[str, tuple[str, Claim]] = {}  # uid -> ("ns/name", claim)
         self._reserved: dict[str, Claim] = {}  # uid -> claim written, not yet seen on the watch
+        self._places: dict[tuple[str, str], int] = {}  # (namespace, node) -> GPUs held there
+        self._listener = listener
 
     # -- reads ------------------------------------------------------------------
 
@@ -134,6 +147,23 @@ class Ledger:
         with self._lock:
             return len(self._pods)
 
+    def listen(self, listener: Listener) -> None:
+        """Tell ``listener`` every change of what a namespace holds on a node from now on."""
+        with self._lock:
+            self._listener = listener
+
+    def atomically(self, fn: Callable[[Mapping[tuple[str, str], int]], T]) -> T:
+        """``fn(places)`` under the lock: ``(namespace, node) -> GPUs held`` (reservations included)."""
+        with self._lock:
+            return fn(self._places)
+
+    def holdings(self, where: Callable[[str, str], bool]) -> list[str]:
+        """``"ns/name node:gpus"`` of every holder whose (namespace, node) ``where`` accepts, sorted."""
+        with self._lock:
+            return sorted(
+                f"{key} {claim}" for key, claim in self._pods.values() if where(key.split("/")[0], claim.node)
+            )
+
     # -- updates from the watch ---------------------------------------------------
 
     def observe(self, pod: Mapping[str, Any]) -> set[str]:
@@ -163,6 +193,20 @@ class Ledger:
 
         Returns the conflicts (and takes nothing) when another pod holds any of the GPUs.
         """
+        return self.reserve_within(pod, claim, None)[0]
+
+    def reserve_within(
+        self,
+        pod: Mapping[str, Any],
+        claim: Claim,
+        limit: Callable[[int], Sequence[T]] | None,
+    ) -> tuple[list[tuple[GPU, str]], Sequence[T]]:
+        """:meth:`reserve`, and with ``limit`` only if taking ``claim`` stays within the limits.
+
+        ``limit(already)`` (``already``: GPUs this pod holds or reserved on that node now) runs
+        under the lock and returns its refusals. Returns ``(conflicts, refusals)``: when either is
+        non-empty nothing was taken.
+        """
         uid = Pod(pod).uid
         with self._lock:
             conflicts = [
@@ -172,10 +216,15 @@ class Ledger:
                 if other != uid
             ]
             if conflicts:
-                return conflicts
+                return conflicts, ()
+            if limit is not None:
+                own = self._pods.get(uid)
+                refusals = limit(len(own[1].gpus) if own and own[1].node == claim.node else 0)
+                if refusals:
+                    return [], refusals
             self._reserved[uid] = claim
             self._set(uid, pod_key(pod), claim)
-            return []
+            return [], ()
 
     def cancel(self, pod: Mapping[str, Any]) -> set[str]:
         """Drop a reservation whose write failed; fall back to what the API object says."""
@@ -194,6 +243,7 @@ class Ledger:
             return released
         if old is not None:
             old_claim = old[1]
+            self._count(old[0], old_claim.node, -len(old_claim.gpus))
             for gpu in old_claim.gpus:
                 if claim is None or claim.node != old_claim.node or gpu not in claim.gpus:
                     released.add(old_claim.node)
@@ -205,6 +255,20 @@ class Ledger:
             del self._pods[uid]
         if claim is not None:
             self._pods[uid] = (key, claim)
+            self._count(key, claim.node, len(claim.gpus))
             for gpu in claim.gpus:
                 self._gpus.setdefault((claim.node, gpu), {})[uid] = key
         return released
+
+    def _count(self, key: str, node: str, gpus: int) -> None:
+        """What the pod ``key``'s namespace holds on ``node`` changed by ``gpus`` (lock held)."""
+        if not gpus:
+            return
+        place = (key.split("/", maxsplit=1)[0], node)
+        held = self._places.get(place, 0) + gpus
+        if held:
+            self._places[place] = held
+        else:
+            del self._places[place]
+        if self._listener is not None:
+            self._listener(place[0], node, gpus)

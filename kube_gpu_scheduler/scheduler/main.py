@@ -7,6 +7,7 @@ placing pods, releases the Lease and exits 0.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import ssl
@@ -18,10 +19,10 @@ from typing import Any
 from kubernetes import client
 
 from kube_gpu_scheduler.base import logs
-from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain import dra, tenancy
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
-from kube_gpu_scheduler.kube.informer import Informer
+from kube_gpu_scheduler.kube.informer import Informer, Obj
 from kube_gpu_scheduler.kube.tls import server_context
 from kube_gpu_scheduler.scheduler import settings as settings_mod
 from kube_gpu_scheduler.scheduler.binding import PodWriter
@@ -34,8 +35,11 @@ from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.extender import Extender, ExtenderServer
 from kube_gpu_scheduler.scheduler.leader import LeaderElector
 from kube_gpu_scheduler.scheduler.metrics import Metrics
+from kube_gpu_scheduler.scheduler.optin import InjectionScope
 from kube_gpu_scheduler.scheduler.pods import share_map_text
+from kube_gpu_scheduler.scheduler.policystatus import PolicyWriter, TenancyController
 from kube_gpu_scheduler.scheduler.server import HealthServer
+from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
 from kube_gpu_scheduler.scheduler.usage import ASSIGNED_SELECTOR, compact
 
 log = logging.getLogger("gpu_scheduler")
@@ -96,7 +100,80 @@ def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
         metrics.track_leader(lambda: lease.health().last_renewal_age_s, lambda: lease.health().renewing)
     claims = build_claims(settings, api_client, sched) if settings.dra else None
     sched.attach(pods, assigned, nodes, elector, claims)
+    scope = settings.injection_scope() if settings.require_injection else None
+    if settings.tenancy or scope is not None:
+        build_tenancy(settings, api_client, sched, scope)
     return sched
+
+
+def _labels_only(obj: Obj) -> Obj:
+    """What the namespace cache keeps: the metadata the checks and the informer read."""
+    meta = obj.get("metadata") or {}
+    keep = ("name", "uid", "resourceVersion", "labels")
+    return {"metadata": {k: meta[k] for k in keep if k in meta}}
+
+
+class _Calls:
+    """An informer handler made of three calls (add, update, delete)."""
+
+    def __init__(self, *calls: object) -> None:
+        self.calls = calls
+
+    def on_add(self, obj: Obj) -> None:
+        for call in self.calls:
+            call(None, obj)  # type: ignore[operator]
+
+    def on_update(self, old: Obj, new: Obj) -> None:
+        for call in self.calls:
+            call(old, new)  # type: ignore[operator]
+
+    def on_delete(self, obj: Obj) -> None:
+        for call in self.calls:
+            call(obj, None)  # type: ignore[operator]
+
+
+def build_tenancy(
+    settings: settings_mod.Settings, api_client: Any, sched: Scheduler, scope_selector: Any
+) -> None:
+    """Tenancy (the policies' counts and checks, their status and grants writer) and the opt-in
+    check, on two more informers of the one client: the GPUPinningPolicies (with tenancy) and
+    the namespaces (their labels only)."""
+    core = client.CoreV1Api(api_client)
+    on_namespaces, on_policies = _Calls(), _Calls()  # their calls are set below
+    namespaces = Informer(
+        "namespaces",
+        core.list_namespace,
+        on_namespaces,
+        on_relist=sched.relisted,
+        transform=_labels_only,
+    )
+    policies: Informer | None = None
+    counts: Tenancy | None = None
+    if settings.tenancy:
+        custom = client.CustomObjectsApi(api_client)
+        list_fn = functools.partial(
+            custom.list_cluster_custom_object, tenancy.GROUP, tenancy.VERSION, tenancy.PLURAL
+        )
+        policies = Informer("gpupinningpolicies", list_fn, on_policies, on_relist=sched.relisted)
+        counts = Tenancy(
+            sched.ledger, Lookup(sched.nodes.get, namespaces.get, policies.items), sched.queue.add
+        )
+        on_policies.calls = (counts.policy_changed,)
+    scope = InjectionScope(scope_selector, namespaces.get, sched.queue.add) if scope_selector else None
+    on_namespaces.calls = (
+        *([counts.labels_changed] if counts else []),
+        *([scope.namespace_changed] if scope else []),
+    )
+    controller = TenancyController(
+        counts,
+        PolicyWriter(api_client, field_manager=settings.scheduler_name),
+        sched.is_leader,
+        sched.nodes.items,
+        settings.grants_configmap(),
+        sched.metrics.registry,
+    )
+    controller.attach(policies, namespaces)
+    sched.attach_tenancy(counts, scope, controller)
 
 
 def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
@@ -171,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings.kubeconfig,
             # The workers, the watches, the Lease and the events; in DRA mode also the claim
             # controller's workers and its five watches.
-            pool_size=settings.workers + 8 + (settings.workers + 5 if settings.dra else 0),
+            pool_size=settings.workers + 10 + (settings.workers + 5 if settings.dra else 0),
             user_agent=f"gpu-scheduler/{settings.identity}",
         )
     except Exception as err:

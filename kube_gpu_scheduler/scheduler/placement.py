@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.rules import Decision, gpus_in_use, room_refusals
+from kube_gpu_scheduler.domain.rules import Decision, Finding, gpus_in_use, room_refusals
+from kube_gpu_scheduler.domain.schedmap import Entry
 from kube_gpu_scheduler.kube.errors import ApiError, api_error
 from kube_gpu_scheduler.scheduler.binding import BindOutcome, PodWriter
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
@@ -68,6 +69,8 @@ class Placement:
         self.writer = writer
         self._is_leader = is_leader
         self._released = released  # nodes where a cancel freed room: pods waiting there retry
+        # Tenancy: the limits checked under the ledger's lock with the reservation (None: off).
+        self.limit: Callable[[Mapping[str, Any], Entry], Callable[[int], list[Finding]]] | None = None
 
     def cancel(self, pod: Mapping[str, Any]) -> None:
         """Drop this pod's reservations (GPUs, room on the node): its Binding did not happen."""
@@ -81,12 +84,12 @@ class Placement:
         then bind. ``decision`` must be ok."""
         entry = decision.entry
         assert decision.ok and entry is not None
-        conflicts = self.ledger.reserve(pod, Claim.of(entry.node, entry.gpus))
-        if conflicts:  # another worker took a GPU since the check
+        limit = self.limit(pod, entry) if self.limit is not None else None
+        conflicts, over = self.ledger.reserve_within(pod, Claim.of(entry.node, entry.gpus), limit)
+        if conflicts or over:  # another worker took a GPU (or the last GPUs of a limit) since the check
             self.cancel(pod)  # a reservation left by an earlier attempt must not block others
-            return Placed(
-                Outcome.TAKEN, Decision(decision.ordinal, entry, tuple(gpus_in_use(entry, conflicts)))
-            )
+            refusals = tuple(gpus_in_use(entry, conflicts)) if conflicts else tuple(over)
+            return Placed(Outcome.TAKEN, Decision(decision.ordinal, entry, refusals))
         if room and node is not None:
             fp = footprint({**pod, "spec": {**Pod(pod).spec, "nodeName": entry.node}})
             short = (

@@ -9,6 +9,7 @@ tuning knobs below them (lease timings, backoff, workers) are documented in
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 from kube_gpu_scheduler.base import config
 from kube_gpu_scheduler.base.config import Setting, SettingsError
+from kube_gpu_scheduler.domain.selectors import Selector, SelectorError, parse_selector
 
 __all__ = [
     "EXTENDER",
@@ -86,6 +88,27 @@ class Settings:
     extender_tls_key_file: str = ""
     # Set: only clients with a certificate signed by this CA (kube-scheduler) may call it.
     extender_client_ca_file: str = ""
+    # Tenancy (kube_gpu_scheduler/scheduler/tenancy.py): a namespace pins a GPU only where a
+    # GPUPinningPolicy grants it that node, within the policies' limits.
+    tenancy: bool = False
+    # "namespace/name" of the ConfigMap the resolved grants are published to ("": none).
+    tenancy_grants: str = ""
+    # The namespaces injection serves, a LabelSelector as JSON ("": every namespace). A replica
+    # admitted without its variables elsewhere waits (NamespaceNotOptedIn) instead of being recreated.
+    injection_namespaces: str = ""
+
+    def injection_scope(self) -> Selector | None:
+        """``injection_namespaces`` parsed (None: every namespace is served)."""
+        if not self.injection_namespaces:
+            return None
+        return parse_selector(json.loads(self.injection_namespaces), "GPU_SCHEDULER_INJECTION_NAMESPACES")
+
+    def grants_configmap(self) -> tuple[str, str] | None:
+        """``tenancy_grants`` as (namespace, name), or None."""
+        if not self.tenancy_grants:
+            return None
+        namespace, _, name = self.tenancy_grants.partition("/")
+        return namespace, name
 
     def validate(self) -> Settings:
         problems = []
@@ -128,6 +151,14 @@ class Settings:
                 )
             if self.extender_port == self.http_port:
                 problems.append(f"extender port {self.extender_port} is also the HTTP port")
+        try:
+            self.injection_scope()
+        except (ValueError, SelectorError) as err:
+            problems.append(f"GPU_SCHEDULER_INJECTION_NAMESPACES is not a label selector in JSON: {err}")
+        if self.tenancy_grants and not all(self.tenancy_grants.partition("/")[::2]):
+            problems.append(
+                f"GPU_SCHEDULER_TENANCY_GRANTS must be namespace/name, got {self.tenancy_grants!r}"
+            )
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -339,6 +370,31 @@ TABLE: tuple[Setting, ...] = (
         "PEM CA: only clients with a certificate it signed may call the extender",
         "--extender-client-ca-file",
         "none (no client certificate asked)",
+    ),
+    Setting(
+        "tenancy",
+        "GPU_SCHEDULER_TENANCY",
+        config.boolean,
+        "tenancy: bind a replica only where a GPUPinningPolicy grants its namespace the node, within "
+        "every granting policy's limits; write the policies' status",
+        "--tenancy",
+    ),
+    Setting(
+        "tenancy_grants",
+        "GPU_SCHEDULER_TENANCY_GRANTS",
+        config.text,
+        "tenancy: `namespace/name` of the ConfigMap the resolved grants are published to (admission reads it)",
+        "--tenancy-grants",
+        "none",
+    ),
+    Setting(
+        "injection_namespaces",
+        "GPU_SCHEDULER_INJECTION_NAMESPACES",
+        config.text,
+        "the namespaces injection serves, a LabelSelector in JSON: a replica admitted without its "
+        "variables elsewhere waits (`NamespaceNotOptedIn`) instead of being deleted and recreated",
+        "--injection-namespaces",
+        "every namespace",
     ),
 )
 

@@ -34,6 +34,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from kube_gpu_scheduler.kube import tls
 from kube_gpu_scheduler.webhook import serving_stats
+from kube_gpu_scheduler.webhook.grants import GrantsCache, GrantsLookup, tenancy_lookup
 from kube_gpu_scheduler.webhook.mutate import admit_pod
 from kube_gpu_scheduler.webhook.nodes import NodeCache, NodeLookup
 from kube_gpu_scheduler.webhook.review import (
@@ -101,12 +102,23 @@ def certs_loaded(settings: Settings) -> tuple[bool, str]:
     return True, "certificate and key loaded"
 
 
-def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Flask:
-    """Build the app. ``node_lookup`` defaults to a watch cache of the nodes (optional API access)."""
+def create_app(
+    settings: Settings, node_lookup: NodeLookup | None = None, grants: GrantsLookup | None = None
+) -> Flask:
+    """Build the app. ``node_lookup`` defaults to a watch cache of the nodes (optional API access);
+    ``grants``, with ``WEBHOOK_TENANCY_GRANTS``, to a watch cache of the grants ConfigMap."""
     app = Flask("webhook")
     # Werkzeug enforces this while reading a body of unknown length, too (413).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     nodes = node_lookup if node_lookup is not None else NodeCache(settings.kubeconfig)
+    if grants is None:
+        grants = tenancy_lookup(settings.kubeconfig, settings.tenancy_grants)
+    if isinstance(grants, GrantsCache):
+        grants_cache = grants
+
+        @app.before_request
+        def start_grants_cache() -> None:
+            grants_cache.start()
 
     if isinstance(nodes, NodeCache):
         cache = nodes
@@ -160,11 +172,11 @@ def create_app(settings: Settings, node_lookup: NodeLookup | None = None) -> Fla
 
     @app.post("/mutate")
     def mutate() -> Response:
-        return admit(lambda req: admit_pod(req, settings))
+        return admit(lambda req: admit_pod(req, settings, grants))
 
     @app.post("/validate")
     def validate() -> Response:
-        return admit(lambda req: admit_statefulset(req, settings, nodes))
+        return admit(lambda req: admit_statefulset(req, settings, nodes, grants))
 
     @app.get("/healthz")
     def healthz() -> Response:

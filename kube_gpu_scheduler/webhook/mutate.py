@@ -24,6 +24,7 @@ from kube_gpu_scheduler.domain.rules import (
     runtime_class_conflict,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt, parse_cached
+from kube_gpu_scheduler.webhook.grants import GrantsLookup, created_by_statefulset_controller, grant_findings
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from kube_gpu_scheduler.webhook.settings import Settings
@@ -71,7 +72,7 @@ def env_patch(spec: dict[str, Any], desired: list[tuple[str, str]], uid: str) ->
     return ops
 
 
-def admit_pod(req: Request, settings: Settings) -> Verdict:
+def admit_pod(req: Request, settings: Settings, grants: GrantsLookup | None = None) -> Verdict:
     """Decide on a Pod CREATE: patch, allow unchanged with a warning, or deny.
 
     A mapped pod is denied when it names its node (spec.nodeName: it would skip
@@ -134,6 +135,12 @@ def admit_pod(req: Request, settings: Settings) -> Verdict:
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
+    # Tenancy: a bare pod naming an ungranted node is refused (a StatefulSet's, checked with it, is not).
+    if grants is not None and not created_by_statefulset_controller(req):
+        ungranted = grant_findings(parse_cached(text), namespace, grants)
+        if ungranted:
+            log.info("denied: %s", ungranted[0].reason, extra={**ctx, "reasons": [ungranted[0].reason]})
+            return Verdict.deny(403, ungranted[0].message)
 
     denial, findings = gpu_resource_policy(
         spec, "spec", req.uid, settings.gpu_resource_policy, "this pod", log, ctx

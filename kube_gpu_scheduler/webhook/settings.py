@@ -53,6 +53,8 @@ class Settings:
     scheduler_name: str = "gpu-scheduler"
     # nvidia-cdi mode: the RuntimeClass a mapped pod gets ("" gives none).
     runtime_class_name: str = DEFAULT_RUNTIME_CLASS
+    # Tenancy: "namespace/name" of the grants ConfigMap the scheduler publishes ("": off).
+    tenancy_grants: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -122,6 +124,15 @@ TABLE: tuple[Setting, ...] = (
         _scheduler_name,
         "`spec.schedulerName` of the pods the map applies to; a mapped pod of another scheduler gets "
         "no injection and a warning",
+    ),
+    Setting(
+        "tenancy_grants",
+        "WEBHOOK_TENANCY_GRANTS",
+        config.text,
+        "tenancy: `namespace/name` of the ConfigMap of GPUPinningPolicy grants the scheduler publishes; "
+        "a map naming a node no policy grants the namespace is refused (RBAC: that ConfigMap `get`, "
+        "`list`, `watch`)",
+        doc_default="empty (off)",
     ),
     Setting(
         "kubeconfig",

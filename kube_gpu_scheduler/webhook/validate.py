@@ -29,6 +29,7 @@ from kube_gpu_scheduler.domain.rules import (
     runtime_class_conflict,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse_cached
+from kube_gpu_scheduler.webhook.grants import GrantsLookup, grant_findings
 from kube_gpu_scheduler.webhook.nodes import NodeLookup, NodeLookupUnavailable
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, str_dict_at
@@ -75,8 +76,11 @@ def node_findings(smap: SchedulingMap, nodes: NodeLookup, ctx: dict[str, Any]) -
     return findings
 
 
-def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Verdict:
-    """Decide on a StatefulSet CREATE or UPDATE: deny a malformed map, warn about the rest."""
+def admit_statefulset(
+    req: Request, settings: Settings, nodes: NodeLookup, grants: GrantsLookup | None = None
+) -> Verdict:
+    """Decide on a StatefulSet CREATE or UPDATE: deny a malformed map (with tenancy, one naming a
+    node no GPUPinningPolicy grants the namespace), warn about the rest."""
     if (req.group, req.version, req.kind) != ("apps", "v1", "StatefulSet"):
         raise BadRequest(
             f"/validate admits apps/v1 StatefulSets, got {req.gvk}: check the webhook's rules", uid=req.uid
@@ -117,6 +121,10 @@ def admit_statefulset(req: Request, settings: Settings, nodes: NodeLookup) -> Ve
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
+    ungranted = grant_findings(smap, namespace, grants)
+    if ungranted:
+        log.info("denied: %s", ungranted[0].reason, extra={**ctx, "reasons": [ungranted[0].reason]})
+        return Verdict.deny(403, ungranted[0].message)
 
     # nvidia-cdi mode: every replica of this scheduler would be refused for its RuntimeClass.
     foreign = foreign_runtime_class(pod_spec, settings.injection_mode, settings.runtime_class_name)

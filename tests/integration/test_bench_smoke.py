@@ -22,6 +22,7 @@ from bench.arms import ARMS
 from bench.dra import DRA_ARMS
 from bench.raw import PodWatch, Raw
 from bench.scales import SCALES
+from bench.tenancy import TENANCY_ARMS
 from localcluster.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -57,6 +58,8 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert create == {(arm, f"map{e}") for arm in ("W+", "W-", "P") for e in scale.webhook_maps}
     dra = {(r["arm"], r["plan"]) for r in measured if r["arm"] in DRA_ARMS}
     assert dra == {(arm, scale.dra_plan.key) for arm in DRA_ARMS}
+    tenancy = {(r["arm"], r["plan"]) for r in measured if r["arm"] in TENANCY_ARMS}
+    assert tenancy == {(arm, plan.key) for arm in TENANCY_ARMS for plan in scale.groups[0][1]}
     for r in measured:
         if r["arm"] in DRA_ARMS:
             assert r["pods"] == scale.dra_plan.pods and r["throughput"] > 0, r
@@ -85,6 +88,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
         "## Ratios",
         "## Bind arms",
         "## Injection: the webhook, the admission policies, nothing",
+        "## Tenancy: on against off",
         "## DRA mode",
         "## Memory (VmRSS)",
         "## Where the time goes",
@@ -98,6 +102,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert "bound for a gpu-scheduler taking no time at all" in res.stdout
     assert "pod creates with the admission policies (injection.mode policy) / without" in res.stdout
     assert "throughput D/K" in res.stdout and "claim controller's CPU per replica key" in res.stdout
+    assert "throughput T1/T0" in res.stdout
 
 
 def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Cluster) -> None:

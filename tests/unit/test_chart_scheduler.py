@@ -378,6 +378,9 @@ def test_scheduler_rbac_is_exactly_what_it_calls() -> None:
         ("", "pods/status"): ["patch"],
         ("", "nodes"): ["list", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],
+        # Which namespaces injection serves (a replica admitted without its variables elsewhere
+        # waits instead of being recreated): something injects here.
+        ("", "namespaces"): ["list", "watch"],
     }
     binding = one(docs, "ClusterRoleBinding", FULL)
     assert binding["roleRef"] == {

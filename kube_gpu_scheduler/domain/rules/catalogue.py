@@ -7,15 +7,16 @@ one place (tests/unit/test_rules_catalogue.py holds scheduler/ to that).
 ``RULES`` is what the group modules registered (:func:`.framework.rule`), each
 rule beside its checks: :mod:`.pod` (the map, the ordinal, the injection),
 :mod:`.node` (the node's state), :mod:`.gpus` (the mapped GPUs), :mod:`.fit`
-(room on the node), :mod:`.findings` (admission and lint only).
+(room on the node), :mod:`.tenancy` (GPUPinningPolicies, the namespaces injection serves),
+:mod:`.findings` (admission and lint only).
 """
 
 from __future__ import annotations
 
-from kube_gpu_scheduler.domain.rules import findings, fit, gpus, node, pod
+from kube_gpu_scheduler.domain.rules import findings, fit, gpus, node, pod, tenancy
 from kube_gpu_scheduler.domain.rules.framework import REFUSE, REGISTRY, SCHEDULER, Rule
 
-GROUPS = (pod, node, gpus, fit, findings)
+GROUPS = (pod, node, gpus, fit, tenancy, findings)
 
 RULES: dict[str, Rule] = REGISTRY
 
@@ -59,6 +60,13 @@ GPU_ALLOCATED_ELSEWHERE = "GPUAllocatedElsewhere"  # Warning: a GPU of the entry
 ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU its node no longer publishes
 GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or NoExecute device taint
 TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
+
+# Tenancy (kube_gpu_scheduler/scheduler/tenancy.py): the reasons of a GPUPinningPolicy's status
+# conditions, Enforced (True: counted; False: its spec does not parse) and LimitReached.
+POLICY_COUNTED = "Counted"
+POLICY_INVALID = "InvalidSpec"
+POLICY_AT_LIMIT = "AtLimit"
+POLICY_BELOW_LIMITS = "BelowLimits"
 
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
@@ -106,4 +114,8 @@ OTHER_REASONS = (
     EVICTED_FOR_ROLLOUT,
     TERMINATING_ON_NOT_READY_NODE,
     *DRA_CLAIM_REASONS,
+    POLICY_COUNTED,
+    POLICY_INVALID,
+    POLICY_AT_LIMIT,
+    POLICY_BELOW_LIMITS,
 )

@@ -35,6 +35,8 @@ ON_NODE = "node"  # the mapped node (added, uncordoned, Ready, taints, GPU count
 ON_GPU_HOLDER = "gpu-holder"  # a pod holding a mapped GPU (deleted, finished, rebound)
 ON_POD = "pod"  # the pod itself (annotation, pod-index label, tolerations)
 ON_NODE_PODS = "node-pods"  # a pod on the mapped node (ended, deleted, shrunk), whoever placed it
+ON_POLICY = "policy"  # a GPUPinningPolicy, or the labels of a namespace or node one selects
+ON_NAMESPACE = "namespace"  # the pod's namespace (its labels)
 NEVER: frozenset[str] = frozenset()  # nothing: the pod must be recreated
 
 
