@@ -60,6 +60,10 @@ ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU
 GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or NoExecute device taint
 TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
 
+# Gang placement (kube_gpu_scheduler/domain/gang.py): a member of a gang that cannot be placed
+# whole waits; its FailedScheduling note opens with this and names each blocked replica.
+GANG_WAITING = "GangWaiting"
+
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
 
@@ -101,4 +105,5 @@ OTHER_REASONS = (
     ALLOCATED_GPU_GONE,
     GPU_TAINTED,
     TAINTED_CLAIM_RELEASED,
+    GANG_WAITING,
 )
