@@ -67,7 +67,9 @@ def test_one_blocked_entry_holds_back_every_replica_and_its_release_binds_all() 
     assert world.writer.binds == []
     notes = [n for _, _, reason, n in world.events.sent if reason == "FailedScheduling"]
     assert len(notes) == 3 and all(n.startswith(f"{GANG_WAITING}: gang StatefulSet ns/w") for n in notes)
-    assert all("replica 2 (2=node3:0): GPUInUse: GPU node3:0 is held by pod ns/x-0" in n for n in notes), notes
+    assert all("replica 2 (2=node3:0): GPUInUse: GPU node3:0 is held by pod ns/x-0" in n for n in notes), (
+        notes
+    )
     assert world.holders("node1", 0) == [] and world.holders("node2", 0) == []  # a waiting gang holds nothing
     assert sample(world, "gpu_scheduler_gangs_waiting") == 1
     assert world.sched.report.waiting() == {GANG_WAITING: 3}
@@ -93,7 +95,7 @@ def test_two_gangs_wanting_one_gpu_never_hold_half_of_it_each() -> None:
     assert world.holders("node2", 0) == ["ns/a-1"] and world.holders("node1", 1) == []
     drain(world)
     assert sorted(world.writer.binds) == [("ns/a-0", "node1"), ("ns/a-1", "node2")]
-    note = [n for _, key, _, n in world.events.sent if key == "ns/b-0"][0]
+    note = next(n for _, key, _, n in world.events.sent if key == "ns/b-0")
     assert "replica 1 (1=node2:0): GPUInUse: GPU node2:0 is held by pod ns/a-1" in note, note
 
 

@@ -63,6 +63,9 @@ TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecut
 # Gang placement (kube_gpu_scheduler/domain/gang.py): a member of a gang that cannot be placed
 # whole waits; its FailedScheduling note opens with this and names each blocked replica.
 GANG_WAITING = "GangWaiting"
+# gpu-scheduler-map plan: another map not yet placed (a replica of another StatefulSet in the
+# cluster or in the same input) names the same GPU: whichever is placed first gets it.
+MAP_CONFLICT = "MapConflict"
 
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
@@ -106,4 +109,5 @@ OTHER_REASONS = (
     GPU_TAINTED,
     TAINTED_CLAIM_RELEASED,
     GANG_WAITING,
+    MAP_CONFLICT,
 )
