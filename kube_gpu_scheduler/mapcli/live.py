@@ -107,8 +107,8 @@ class Cluster:
                     held.setdefault((node, gpu), []).append(holder_of(pod, mode))
         by_name = {Pod(p).key: p for p in self.pods}
         for claim in self.claims:
-            for node, index, pod in self._claim_holders(claim, by_name):
-                held.setdefault((node, index), []).append(holder_of(pod, DRA))
+            for node, index, user in self._claim_holders(claim, by_name):
+                held.setdefault((node, index), []).append(holder_of(user, DRA))
         return held
 
     def _claim_holders(
@@ -116,7 +116,7 @@ class Cluster:
     ) -> Iterable[tuple[str, int, Mapping[str, Any]]]:
         namespace = Pod(claim).namespace or ""
         users = [pods.get(f"{namespace}/{r.get('name')}") for r in dra.pod_refs(claim)]
-        holders = [p for p in users if p is not None]
+        holders: list[Mapping[str, Any]] = [p for p in users if p is not None]
         if not holders:
             # Pinned, no pod now: the replica's GPUs stay allocated to it.
             name = (Pod(claim).name or "").removesuffix(dra.CLAIM_SUFFIX)

@@ -21,7 +21,14 @@ from typing import Any
 import yaml
 
 from kube_gpu_scheduler.domain.fit import NodeTotals, PodFootprint
-from kube_gpu_scheduler.domain.gang import Blocked, gang_finding, gang_of, is_gang, replica_ordinals, replica_pod
+from kube_gpu_scheduler.domain.gang import (
+    Blocked,
+    gang_finding,
+    gang_of,
+    is_gang,
+    replica_ordinals,
+    replica_pod,
+)
 from kube_gpu_scheduler.domain.holding import is_active
 from kube_gpu_scheduler.domain.objects import Meta, Pod
 from kube_gpu_scheduler.domain.podinfo import entry_for, map_text
@@ -102,7 +109,9 @@ class _Holders:
     def __init__(self, held: Mapping[Where, list[Holder]], namespace: str, name: str) -> None:
         self._held, self._ns, self._name = held, namespace, name
 
-    def holders(self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None) -> list[tuple[GPU, str]]:
+    def holders(
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+    ) -> list[tuple[GPU, str]]:
         return [
             (gpu, h.key)
             for gpu in gpus
@@ -129,7 +138,9 @@ class _Room:
         return NodeTotals.of(self._by_node.get(node, []))
 
 
-def wanted(cluster: Cluster, held: Mapping[Where, list[Holder]], scheduler_name: str) -> dict[Where, list[str]]:
+def wanted(
+    cluster: Cluster, held: Mapping[Where, list[Holder]], scheduler_name: str
+) -> dict[Where, list[str]]:
     """GPUs the replicas of the cluster's StatefulSets want and do not hold yet (maps not placed)."""
     out: dict[Where, list[str]] = {}
     for sts in cluster.statefulsets:
@@ -139,8 +150,12 @@ def wanted(cluster: Cluster, held: Mapping[Where, list[Holder]], scheduler_name:
         for ordinal in replica_ordinals(sts):
             for where, who in _wants(sts, ordinal):
                 holders = held.get(where, [])
-                if not any(h.pod == who.rsplit("/", 1)[1] and h.namespace == Meta(sts).namespace for h in holders):
-                    out.setdefault(where, []).append(f"replica {who} (StatefulSet {Meta(sts).key}, not placed yet)")
+                if not any(
+                    h.pod == who.rsplit("/", 1)[1] and h.namespace == Meta(sts).namespace for h in holders
+                ):
+                    out.setdefault(where, []).append(
+                        f"replica {who} (StatefulSet {Meta(sts).key}, not placed yet)"
+                    )
     return out
 
 
@@ -162,21 +177,22 @@ def plan(
     held = cluster.holdings(scheduler_name)
     others = wanted(cluster, held, scheduler_name)
     out = []
-    for sts in planned:
-        view = Meta(sts)
+    for given in planned:
+        view = Meta(given)
         live = next((s for s in cluster.statefulsets if Meta(s).key == view.key), None)
         uid = Meta(live).uid if live is not None else ""
-        if uid:
-            sts = {**sts, "metadata": {**view.meta, "uid": uid}}
+        sts = {**given, "metadata": {**view.meta, "uid": uid}} if uid else given
         mine = _others_of(others, view.key)
         for other in planned:
-            if other is not sts and Meta(other).key != view.key:
+            if Meta(other).key != view.key:
                 for ordinal in replica_ordinals(other):
                     for where, who in _wants(other, ordinal):
-                        mine.setdefault(where, []).append(f"replica {who} (StatefulSet {Meta(other).key} in this input)")
+                        mine.setdefault(where, []).append(
+                            f"replica {who} (StatefulSet {Meta(other).key} in this input)"
+                        )
         holders = _Holders(held, view.namespace or "", view.name or "")
         room = _Room(cluster, view.namespace or "", view.name or "")
-        result = SetPlan(view.namespace or "", view.name or "", is_gang((view.spec.get("template") or {})))
+        result = SetPlan(view.namespace or "", view.name or "", is_gang(view.spec.get("template") or {}))
         for ordinal in replica_ordinals(sts):
             pod = replica_pod(sts, ordinal, uid=f"plan:{ordinal}")
             decision = evaluate(pod, cluster.nodes, holders, False, room, dra)
@@ -189,9 +205,7 @@ def plan(
 
 def _others_of(others: Mapping[Where, list[str]], key: str) -> dict[Where, list[str]]:
     """The unplaced wants of every StatefulSet but ``key`` itself."""
-    return {
-        where: [w for w in who if f"StatefulSet {key}," not in w] for where, who in others.items()
-    }
+    return {where: [w for w in who if f"StatefulSet {key}," not in w] for where, who in others.items()}
 
 
 def _verdict(ordinal: int, decision: Decision, wanted_by: Mapping[Where, list[str]]) -> ReplicaPlan:
@@ -199,7 +213,9 @@ def _verdict(ordinal: int, decision: Decision, wanted_by: Mapping[Where, list[st
     if not decision.ok or entry is None:
         return ReplicaPlan(ordinal, entry, False, decision.reason, decision.message)
     clashes = [
-        f"GPU {entry.node}:{gpu} is also wanted by {who}" for gpu in entry.gpus for who in wanted_by.get((entry.node, gpu), [])
+        f"GPU {entry.node}:{gpu} is also wanted by {who}"
+        for gpu in entry.gpus
+        for who in wanted_by.get((entry.node, gpu), [])
     ]
     if clashes:
         return ReplicaPlan(ordinal, entry, False, MAP_CONFLICT, "; ".join(clashes))

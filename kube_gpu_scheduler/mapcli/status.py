@@ -90,7 +90,11 @@ def waiting(cluster: Cluster, scheduler_name: str, notes: Mapping[str, str]) -> 
 
 def _condition(pod: Mapping[str, Any]) -> str:
     for cond in Pod(pod).status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") != "SchedulingGated":
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") != "SchedulingGated"
+        ):
             return str(cond.get("message") or cond.get("reason") or "")
     return ""
 
@@ -128,8 +132,10 @@ def to_json(table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Wai
     return {"nodes": nodes, "waiting": [w.to_json() for w in waits]}
 
 
-def print_table(table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Waiting], out: TextIO) -> None:
-    rows = [("NODE", "GPU", "HOLDER", "STATEFULSET", "ORDINAL", "MODE")]
+def print_table(
+    table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Waiting], out: TextIO
+) -> None:
+    rows: list[tuple[str, ...]] = [("NODE", "GPU", "HOLDER", "STATEFULSET", "ORDINAL", "MODE")]
     for node, gpus in table.items():
         for gpu, holders in gpus:
             if not holders:
@@ -141,8 +147,14 @@ def print_table(table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list
     if waits:
         print(file=out)
         rows = [("WAITING", "STATEFULSET", "ORDINAL", "WANTS", "WHY")]
-        rows += [
-            (f"{w.namespace}/{w.pod}", w.statefulset, "" if w.ordinal is None else str(w.ordinal), w.wants, w.why)
+        rows += [  # one row per waiting replica
+            (
+                f"{w.namespace}/{w.pod}",
+                w.statefulset,
+                "" if w.ordinal is None else str(w.ordinal),
+                w.wants,
+                w.why,
+            )
             for w in waits
         ]
         _print(rows, out)
