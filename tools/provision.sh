@@ -5,7 +5,7 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|node|nvidia|all]...   (default: all)
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|dashboard-check|node|nvidia|all]...   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
@@ -536,6 +536,8 @@ for t in "${targets[@]}"; do
     cert-manager) with_lock "$cm_dir" build_cert_manager ;;
     kube-score) with_lock "$kube_score_dir" build_kube_score ;;
     monitoring) build_monitoring ;;
+    promtool) with_lock "$promtool_dir" build_promtool ;;
+    dashboard-check) with_lock "$dashcheck_dir" build_dashcheck ;;
     node) with_lock "$node_dir" build_node ;;
     nvidia) build_nvidia ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct

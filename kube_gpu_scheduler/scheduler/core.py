@@ -146,7 +146,12 @@ class Scheduler:
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen pending
         self.workers: list[threading.Thread] = []
         self.gangs = Gangs(
-            self.ledger, self.pod, self._decide_member, writer.read_statefulset, self.queue.add, self.metrics
+            self.ledger,
+            self.pod,
+            self._decide_member,
+            self._read_statefulset,
+            self.queue.add,
+            self.metrics,
         )
         self.health = SchedulerHealth(self)
         self.metrics.track(lambda: len(self.queue), lambda: len(self.waiting))
@@ -191,6 +196,9 @@ class Scheduler:
         """The placement rules on the caches and the ledger; ``room``: with the fit checks."""
         usage = self.usage if room else None
         return evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection, usage)
+
+    def _read_statefulset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.writer.read_statefulset(namespace, name)
 
     def _decide_member(self, pod: Mapping[str, Any], holders: Holders | None = None) -> Decision:
         """A gang member's decision; with ``holders``, for a replica not there to ask (no

@@ -114,9 +114,9 @@ def _condition(kube: Any, ns: str, name: str) -> dict[str, Any]:
     return next((c for c in pod.get("status", {}).get("conditions") or [] if c["type"] == "PodScheduled"), {})
 
 
-def doc_blocks(heading: str) -> list[str]:
-    """The ```sh blocks of docs/operate.md's section ``heading`` (up to the next heading of its level)."""
-    text = DOC.read_text()
+def doc_blocks(heading: str, doc: Path = DOC) -> list[str]:
+    """The ```sh blocks of ``doc``'s section ``heading`` (up to the next heading of its level)."""
+    text = doc.read_text()
     level = heading.split(" ", 1)[0]
     section = text.split(f"\n{heading}\n", 1)[1]
     section = section.split(f"\n{level} ", 1)[0]
@@ -126,8 +126,9 @@ def doc_blocks(heading: str) -> list[str]:
 def test_the_documented_status_and_plan_commands_run_as_written(
     cluster: Cluster, start_scheduler: Callable[..., ManagedProcess]
 ) -> None:
-    """Every command of docs/operate.md's "Who holds which GPU" and "A plan before apply", from
-    the doc, on the session's node1..node3 (the example's nodes); a plan may say a replica would
+    """Every command of docs/operate.md's "Who holds which GPU" and "A plan before apply", and of
+    docs/scheduler.md's "Who holds what, and who waits" (which replaced the stale custom-columns
+    recipe), from the doc, on the session's node1..node3 (the example's nodes); a plan may say a replica would
     wait (another test's pods may hold the example's GPUs), but it must decide (exit 0 or 1)."""
     start_scheduler()
     env = {
@@ -135,8 +136,12 @@ def test_the_documented_status_and_plan_commands_run_as_written(
         "KUBECONFIG": str(cluster.kubeconfig),
         "PATH": f"{BIN}:{tool('kubectl').parent}:{os.environ['PATH']}",
     }
-    scripts = doc_blocks("## Who holds which GPU: `status`") + doc_blocks("## A plan before apply: `plan`")
-    assert len(scripts) >= 2, scripts
+    scripts = [
+        *doc_blocks("## Who holds which GPU: `status`"),
+        *doc_blocks("## A plan before apply: `plan`"),
+        *doc_blocks("### Who holds what, and who waits", REPO / "docs" / "scheduler.md"),
+    ]
+    assert len(scripts) >= 3, scripts
     for script in scripts:
         for command in [c for c in script.splitlines() if c.strip() and not c.startswith("#")]:
             done = subprocess.run(
