@@ -29,10 +29,14 @@ def test_a_dra_gang_opens_no_gate_until_every_claim_can_be_allocated(dra_env: Dr
     sts = env.statefulset("g", f"0={a}:{free_index}\n1={a}:{taken_index}", 2)
     sts["spec"]["template"]["metadata"]["annotations"][GANG_ANNOTATION] = "true"
     env.cluster.apply(sts)
-    for name in ("g-0", "g-1"):
-        wait_for(lambda name=name: env.events(name, "FailedScheduling"), 60, what=f"{GANG_WAITING} on {name}")
-    note = next(n for n in env.events("g-0", "FailedScheduling") if n.startswith(GANG_WAITING))
-    assert f"replica 1 (1={a}:{taken_index})" in note and "is allocated to ResourceClaim" in note, note
+    blocked = f"replica 1 (1={a}:{taken_index})"
+
+    def note(name: str) -> str | None:
+        said = [n for n in env.events(name, "FailedScheduling") if n.startswith(GANG_WAITING)]
+        return next((n for n in said if blocked in n and "is allocated to ResourceClaim" in n), None)
+
+    for name in ("g-0", "g-1"):  # at first replica 1's claim may not be made yet: then its holder
+        wait_for(lambda name=name: note(name), 60, what=f"{GANG_WAITING} on {name} naming replica 1's holder")
     assert all(dra.gated(env.pod(n) or {}) for n in ("g-0", "g-1")), (
         "a gate opened while the gang could not be placed"
     )
