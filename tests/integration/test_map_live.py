@@ -156,3 +156,50 @@ def test_the_documented_status_and_plan_commands_run_as_written(
             allowed = (0, 1) if " plan " in f" {command} " else (0,)
             assert done.returncode in allowed, f"{command}: {done.returncode}: {done.stdout}{done.stderr}"
             assert done.stdout.strip(), command
+
+
+def test_the_argocd_presync_hook_plans_with_its_own_account(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """examples/argocd-presync-plan.yaml: its Job's command, with its ServiceAccount's token bound
+    to its ClusterRole only, plans the ConfigMap's StatefulSet (RBAC enough: exit 0 or 1, never 2)."""
+    docs = list(yaml.safe_load_all((REPO / "examples" / "argocd-presync-plan.yaml").read_text()))
+    by_kind = {d["kind"]: d for d in docs}
+    assert all(d["metadata"]["annotations"]["argocd.argoproj.io/hook"] == "PreSync" for d in docs)
+    suffix = f"-{namespace}"
+    account = [by_kind["ServiceAccount"], by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]]
+    by_kind["ServiceAccount"]["metadata"]["namespace"] = namespace
+    by_kind["ClusterRole"]["metadata"]["name"] += suffix
+    binding = by_kind["ClusterRoleBinding"]
+    binding["metadata"]["name"] += suffix
+    binding["roleRef"]["name"] += suffix
+    binding["subjects"][0]["namespace"] = namespace
+    cluster.apply(account)
+    try:
+        kubeconfig = cluster.service_account_kubeconfig(namespace, "gpu-map-plan")
+        job = by_kind["Job"]["spec"]["template"]["spec"]
+        (container,) = job["containers"]
+        assert container["command"][:2] == ["gpu-scheduler-map", "plan"]
+        chart = yaml.safe_load((REPO / "gpu-scheduler-chart" / "Chart.yaml").read_text())
+        assert container["image"].endswith(f":{chart['appVersion']}"), container["image"]
+        (mount,) = container["volumeMounts"]
+        planned = tmp_path / Path(container["command"][2]).relative_to(mount["mountPath"])
+        planned.write_text(
+            by_kind["ConfigMap"]["data"]["statefulset.yaml"].replace(
+                "namespace: ml", f"namespace: {namespace}"
+            )
+        )
+        done = subprocess.run(
+            [str(BIN / "gpu-scheduler-map"), "plan", str(planned), "--kubeconfig", str(kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode in (0, 1), done.stdout + done.stderr
+        assert f"StatefulSet {namespace}/gpu-workload (3 replicas, gang: all or none)" in done.stdout
+    finally:
+        for doc in account[1:]:
+            cluster.kubectl(
+                "delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found", check=False
+            )
