@@ -68,7 +68,7 @@ class Release:
     def _metric(self, name: str) -> float:
         with urllib.request.urlopen(self._url, timeout=5) as resp:  # noqa: S310 (http://127.0.0.1)
             for line in resp.read().decode().splitlines():
-                if line.startswith(name + " ") or line.startswith(name + "{"):
+                if line.startswith(name + " ") or (line.startswith(name + "{") and "}" not in name):
                     return float(line.rsplit(" ", 1)[1])
         return 0.0
 
@@ -109,7 +109,9 @@ class Release:
             return sum(1 for line in resp.read().decode().splitlines() if line.startswith(name + "{"))
 
     def waiting(self) -> None:
-        self._wait(lambda: self._metric("gpu_scheduler_gangs_waiting") >= 1, "the gang waiting")
+        # Reported waiting (not only its pods being created): its rules ran and its GPU is held.
+        waiting = 'gpu_scheduler_waiting_pods{reason="GangWaiting"}'
+        self._wait(lambda: self._metric(waiting) >= 1, "the gang waiting")
 
     def go(self) -> float:
         self.waiting()

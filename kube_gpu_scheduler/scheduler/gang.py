@@ -187,7 +187,13 @@ class Gangs:
         ordinals, policy = self._ordinals(gang, pod)
         with self._lock:
             members = dict(self._members.get((gang.namespace, gang.owner_uid)) or {})
-        blocked: list[Blocked] = []
+        absent = [o for o in ordinals if o not in members]
+        if absent and self._quiet(gang):
+            # Its siblings are being created: no rule is worth evaluating until all exist (the
+            # last one's own pass admits the gang), so a burst costs one lookup per member.
+            blocked = [missing(o, f"{gang.owner_name}-{o}", policy) for o in absent]
+            return self._wait(pod, gang, decision, blocked, len(ordinals))
+        blocked = []
         pending: list[tuple[Mapping[str, Any], Entry]] = []
         others = _OtherWorkloads(self.ledger, self._pod_of, gang.owner_uid)
         for ordinal in ordinals:
@@ -229,6 +235,13 @@ class Gangs:
         )
         for key in others:
             self._enqueue(key)
+
+    def _quiet(self, gang: GangKey) -> bool:
+        """The gang has waited (for its pods to be created) less than GANG_QUIET_S."""
+        now = self._clock()
+        with self._lock:
+            since = self._since.setdefault(gang, now)
+        return now - since < GANG_QUIET_S
 
     def _wait(
         self, pod: Mapping[str, Any], gang: GangKey, decision: Decision, blocked: list[Blocked], size: int
