@@ -410,13 +410,8 @@ class Scheduler:
         self.queue.add_after(key, delay)
 
     def _gang_wait(self, pod: Mapping[str, Any], verdict: Verdict) -> None:
-        """A gang member waits for its gang (kube_gpu_scheduler/scheduler/gang.py); while only its
-        siblings are being created it waits quietly, retried within a second."""
-        if verdict.quiet or verdict.decision is None:
-            key = pod_key(pod)
-            self.waiting.wait(key, verdict.node)
-            self.queue.add_after(key, min(self.backoff.next(key), 1.0))
-            return
+        """A gang member waits for its gang (kube_gpu_scheduler/scheduler/gang.py)."""
+        assert verdict.decision is not None
         self._refuse(pod, verdict.decision, verdict.node)
 
     # -- life cycle -------------------------------------------------------------------------

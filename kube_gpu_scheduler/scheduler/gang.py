@@ -16,9 +16,10 @@ step (:meth:`Ledger.reserve_all`, all or nothing) and every member is queued to 
 * **Rollouts.** A replica of another map revision (an outdated one during a rolling
   update) keeps its GPUs; the gang asks only that this revision's entry for it could be
   placed, its GPUs free or held by the StatefulSet's own replicas, which the rollout moves.
-* **Pods not created yet** block the gang quietly for :data:`GANG_QUIET_S` (the StatefulSet
-  controller makes them within milliseconds under ``Parallel``), then the wait is reported:
-  under ``OrderedReady`` forever, and the note says why.
+* **Pods not created yet** count when their entry could be placed (the pod their siblings'
+  template makes for that ordinal), and their GPUs are then held for them (a *phantom*
+  reservation, handed to the pod when the watch brings it): the gang binds while the
+  StatefulSet controller still creates it, under ``Parallel`` and ``OrderedReady`` alike.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from kube_gpu_scheduler.domain.gang import (
     GangKey,
     gang_finding,
     gang_of,
-    missing,
     replica_ordinals,
     sibling_pod,
 )
@@ -50,7 +50,6 @@ from kube_gpu_scheduler.scheduler.pods import is_pending
 
 log = logging.getLogger("gpu_scheduler")
 
-GANG_QUIET_S = 5.0  # a gang waiting only for its pods to be created says nothing for this long
 STS_FRESH_S = 2.0  # a StatefulSet read serves the gang's decisions this long
 
 Owner = tuple[str, str]  # (namespace, StatefulSet UID)
@@ -62,7 +61,6 @@ class Verdict:
 
     go: bool
     decision: Decision | None = None  # the member's refusals, the gang's wait first
-    quiet: bool = False  # waiting only for pods being created: retry without an Event yet
     node: str = ""  # a node whose change may unblock the gang
 
 
@@ -113,6 +111,8 @@ class Gangs:
         self._committed: set[GangKey] = set()  # a member of the revision is bound
         self._since: dict[GangKey, float] = {}  # gangs waiting: first seen waiting
         self._replicas: dict[tuple[str, str], _Replicas] = {}  # (namespace, name) -> its last read
+        # Replicas not created yet whose GPUs are held for their gang: (ns, owner UID, ordinal).
+        self._phantoms: dict[tuple[str, str, int], tuple[GangKey, Mapping[str, Any]]] = {}
         metrics.track_gangs(lambda: len(self._since))
 
     # -- the informer's thread: index the members, hold a committed gang's GPUs --------------
@@ -132,6 +132,13 @@ class Gangs:
             if newly:
                 self._committed.add(gang)
             committed = gang in self._committed
+            phantom = self._phantoms.pop((gang.namespace, gang.owner_uid, ordinal), None)
+        if phantom is not None:
+            held_for, stand_in = phantom
+            if held_for == gang and is_pending(pod):
+                self.ledger.hand_over(Pod(stand_in).uid, pod)  # the GPUs held for it are its own now
+            else:
+                self.ledger.forget(stand_in)  # another revision came: nothing holds them for it
         if newly:
             for key in self._member_keys(owner):
                 member = self._pod_of(key)
@@ -157,6 +164,12 @@ class Gangs:
                 self._committed -= gone
                 for g in gone:
                     self._since.pop(g, None)
+                stale = [k for k in self._phantoms if (k[0], k[1]) == owner]
+                dropped = [self._phantoms.pop(k)[1] for k in stale]
+            else:
+                dropped = []
+        for stand_in in dropped:
+            self.ledger.forget(stand_in)
 
     def keeps(self, pod: Mapping[str, Any]) -> bool:
         """The pod's gang is committed: its reservation stays while it waits."""
@@ -180,28 +193,25 @@ class Gangs:
 
     def check(self, pod: Mapping[str, Any], gang: GangKey, decision: Decision) -> Verdict:
         """GO when the member's GPUs are reserved for its gang (admitted now or before, or held
-        for a committed gang); else the gang's wait, naming every blocked replica."""
+        for a committed gang); else the gang's wait, naming every blocked replica.
+
+        A replica whose pod does not exist yet counts when its entry could be placed (the pod
+        its siblings' template makes for it), and its GPUs are then held for it (a *phantom*
+        reservation, handed to the pod when it comes): so the gang binds while the StatefulSet
+        controller still creates it, under Parallel and OrderedReady alike."""
         view = Pod(pod)
         if self.ledger.reserved(view.uid) is not None:
             return Verdict(True)
-        ordinals, policy = self._ordinals(gang, pod)
+        ordinals, _ = self._ordinals(gang, pod)
         with self._lock:
             members = dict(self._members.get((gang.namespace, gang.owner_uid)) or {})
-        absent = [o for o in ordinals if o not in members]
-        if absent and self._quiet(gang):
-            # Its siblings are being created: no rule is worth evaluating until all exist (the
-            # last one's own pass admits the gang), so a burst costs one lookup per member.
-            blocked = [missing(o, f"{gang.owner_name}-{o}", policy) for o in absent]
-            return self._wait(pod, gang, decision, blocked, len(ordinals))
-        blocked = []
+        blocked: list[Blocked] = []
         pending: list[tuple[Mapping[str, Any], Entry]] = []
         others = _OtherWorkloads(self.ledger, self._pod_of, gang.owner_uid)
         for ordinal in ordinals:
             key = members.get(ordinal)
             member = pod if key == view.key else (self._pod_of(key) if key else None)
-            if member is None:
-                blocked.append(missing(ordinal, f"{gang.owner_name}-{ordinal}", policy))
-            elif gang_of(member) == gang:
+            if member is not None and gang_of(member) == gang:
                 if Pod(member).node_name is not None:
                     continue  # bound: it holds its GPUs
                 found = decision if member is pod else self._decide(member)
@@ -209,16 +219,24 @@ class Gangs:
                     pending.append((member, found.entry))
                 else:
                     blocked.append(Blocked(ordinal, found.entry, found.reason, found.message))
-            else:
-                # Another revision's replica keeps its GPUs; this revision's entry must fit.
-                found = self._decide(sibling_pod(pod, ordinal), others)
-                if not found.ok:
-                    blocked.append(Blocked(ordinal, found.entry, found.reason, found.message))
+                continue
+            # Not created yet, or another revision's replica (which keeps its GPUs): this
+            # revision's entry for it must fit.
+            found = self._decide(sibling_pod(pod, ordinal), others)
+            if not found.ok or found.entry is None:
+                blocked.append(Blocked(ordinal, found.entry, found.reason, found.message))
+            elif member is None and not self.ledger.holders(found.entry.node, found.entry.gpus):
+                pending.append((_phantom(gang, ordinal), found.entry))
         if not blocked:
             claims = [(m, Claim.of(e.node, e.gpus)) for m, e in pending]
             taken = self.ledger.reserve_all(claims)
             if not taken:
-                self._admitted(gang, [pod_key(m) for m, _ in pending if m is not pod])
+                with self._lock:
+                    for m, e in pending:
+                        if Pod(m).uid.startswith(PHANTOM):
+                            self._phantoms[(gang.namespace, gang.owner_uid, e.ordinal)] = (gang, m)
+                real = [pod_key(m) for m, _ in pending if m is not pod and not Pod(m).uid.startswith(PHANTOM)]
+                self._admitted(gang, real)
                 return Verdict(True)
             blocked = _conflicts(pending, taken)
         return self._wait(pod, gang, decision, blocked, len(ordinals))
@@ -236,26 +254,17 @@ class Gangs:
         for key in others:
             self._enqueue(key)
 
-    def _quiet(self, gang: GangKey) -> bool:
-        """The gang has waited (for its pods to be created) less than GANG_QUIET_S."""
-        now = self._clock()
-        with self._lock:
-            since = self._since.setdefault(gang, now)
-        return now - since < GANG_QUIET_S
-
     def _wait(
         self, pod: Mapping[str, Any], gang: GangKey, decision: Decision, blocked: list[Blocked], size: int
     ) -> Verdict:
-        now = self._clock()
         with self._lock:
-            since = self._since.setdefault(gang, now)
-        quiet = all(not b.reason for b in blocked) and now - since < GANG_QUIET_S
+            self._since.setdefault(gang, self._clock())
         own = decision.refusals if not decision.ok else ()
         found = gang_finding(gang, size, blocked)
         waiting = Decision(decision.ordinal, decision.entry, (found, *own), decision.warnings)
         first = next((b.entry.node for b in blocked if b.entry is not None), "")
         node = first or (decision.entry.node if decision.entry else "")
-        return Verdict(False, waiting, quiet, node)
+        return Verdict(False, waiting, node)
 
     def _ordinals(self, gang: GangKey, pod: Mapping[str, Any]) -> tuple[range | list[int], str | None]:
         """The replicas' ordinals (the StatefulSet read at most every STS_FRESH_S; the map's own
@@ -287,6 +296,16 @@ class Gangs:
         if sts is None or Pod(sts).uid != gang.owner_uid:
             return _Replicas(now, None, None)
         return _Replicas(now, replica_ordinals(sts), Pod(sts).spec.get("podManagementPolicy"))
+
+
+PHANTOM = "gang:"  # the UID prefix of a replica not created yet whose GPUs are held for its gang
+
+
+def _phantom(gang: GangKey, ordinal: int) -> dict[str, Any]:
+    """The ledger's stand-in for a replica not created yet (keyed as the pod will be)."""
+    name = f"{gang.owner_name}-{ordinal}"
+    uid = f"{PHANTOM}{gang.namespace}/{gang.owner_uid}/{ordinal}"
+    return {"metadata": {"name": name, "namespace": gang.namespace, "uid": uid}}
 
 
 def _entry(pod: Mapping[str, Any]) -> Entry | None:

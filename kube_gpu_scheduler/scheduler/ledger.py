@@ -183,6 +183,20 @@ class Ledger:
                 self._set(uid, pod_key(pod), claim)
             return []
 
+    def hand_over(self, from_uid: str, pod: Mapping[str, Any]) -> bool:
+        """Move a reservation held for a pod not created yet (``from_uid``) to ``pod``, at once:
+        no other pod can take the GPUs in between. False when nothing was held."""
+        uid = Pod(pod).uid
+        with self._lock:
+            claim = self._reserved.pop(from_uid, None)
+            if claim is None:
+                return False
+            held = self._pods.get(from_uid)
+            self._set(from_uid, held[0] if held else "", None)
+            self._reserved[uid] = claim
+            self._set(uid, pod_key(pod), claim)
+            return True
+
     def reserved(self, uid: str) -> Claim | None:
         """The claim reserved for a pending pod (not yet seen bound), if any."""
         with self._lock:

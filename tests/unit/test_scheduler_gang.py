@@ -13,7 +13,6 @@ from typing import Any
 
 from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 from kube_gpu_scheduler.domain.rules import GANG_WAITING, GPU_IN_USE
-from kube_gpu_scheduler.scheduler.gang import GANG_QUIET_S
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
 from tests.unit.test_scheduler_process import Cache, World, node, pod
 
@@ -124,26 +123,43 @@ def test_a_committed_gang_keeps_its_pending_members_gpus_from_other_pods() -> No
     assert world.writer.binds == [("ns/w-1", "node2")]
 
 
-def test_a_gang_waiting_for_its_pods_to_be_created_says_so_only_after_a_while() -> None:
-    class Sts:
-        def read_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
-            return {
-                "metadata": {"name": name, "namespace": namespace, "uid": "w-uid"},
-                "spec": {"replicas": 3, "podManagementPolicy": "OrderedReady"},
-            }
+class Sts:
+    """The StatefulSet the gang's scheduler reads: 3 replicas, OrderedReady."""
 
-    world = gang_world(member("w-0"))
-    now = [100.0]
-    gangs = world.sched.gangs
-    gangs._clock = lambda: now[0]
-    gangs._read_statefulset = Sts().read_statefulset
+    def read_statefulset(self, namespace: str, name: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": namespace, "uid": "w-uid"},
+            "spec": {"replicas": 3, "podManagementPolicy": "OrderedReady"},
+        }
+
+
+def test_replicas_not_created_yet_count_when_their_entry_fits_and_their_gpus_are_held_for_them() -> None:
+    """OrderedReady: w-0 alone exists. Every entry can be placed, so w-0 binds and the GPUs of
+    w-1 and w-2 are held for them; another pod wanting one waits; w-1, once created, takes it."""
+    other = pod("o-0", "0=node2:0")
+    world = gang_world(member("w-0"), other)
+    world.sched.gangs._read_statefulset = Sts().read_statefulset
     world.sched.process("ns/w-0")
-    assert world.writer.binds == [] and world.events.sent == [] and world.retries() == 1
-    now[0] += GANG_QUIET_S + 1
+    assert world.writer.binds == [("ns/w-0", "node1")]
+    assert world.holders("node2", 0) == ["ns/w-1"] and world.holders("node3", 0) == ["ns/w-2"]
+    world.sched.process("ns/o-0")
+    assert world.writer.binds == [("ns/w-0", "node1")]
+    assert "GPU node2:0 is held by pod ns/w-1" in world.events.sent[-1][3]
+    w1 = member("w-1")
+    world.pods.objs["ns/w-1"] = w1
+    world.sched._pod_changed(None, w1)  # the watch brings it: the held GPUs are its own now
+    assert world.sched.ledger.reserved("uid-w-1") is not None
+    world.sched.process("ns/w-1")
+    assert world.writer.binds[-1] == ("ns/w-1", "node2")
+
+
+def test_a_replica_not_created_yet_whose_entry_cannot_be_placed_holds_back_the_others() -> None:
+    world = gang_world(member("w-0", "0=node1:0\n1=node2:0\n2=node9:0"))
+    world.sched.gangs._read_statefulset = Sts().read_statefulset
     world.sched.process("ns/w-0")
+    assert world.writer.binds == [] and world.holders("node2", 0) == []
     (note,) = [n for _, _, _, n in world.events.sent]
-    assert "replica 1: pod w-1 does not exist yet: podManagementPolicy is OrderedReady" in note, note
-    assert "2 cannot" in note and "podManagementPolicy: Parallel" in note
+    assert "1 cannot: replica 2 (2=node9:0): NodeNotFound" in note, note
 
 
 def test_a_replica_of_another_revision_keeps_its_gpus_and_only_its_new_entry_is_checked() -> None:
