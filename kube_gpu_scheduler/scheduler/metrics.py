@@ -109,6 +109,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self._view = _View(list, dict)
+        r.register(self._view)
 
     def track(self, queue_depth: Callable[[], float], unschedulable: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
@@ -132,7 +134,7 @@ class Metrics:
     ) -> None:
         """Read at each scrape: one ``gpu_scheduler_gpu_holder_info`` sample per held GPU
         (``holders``: its labels), ``gpu_scheduler_waiting_pods{reason}`` (``waiting``)."""
-        self.registry.register(_View(holders, waiting))
+        self._view.holders, self._view.waiting = holders, waiting
 
     def gc_collected(self, when: str, seconds: float) -> None:
         self.gc_full.labels(when).inc()
@@ -151,8 +153,8 @@ class _View(Collector):
     def __init__(
         self, holders: Callable[[], list[dict[str, str]]], waiting: Callable[[], dict[str, int]]
     ) -> None:
-        self._holders = holders
-        self._waiting = waiting
+        self.holders = holders
+        self.waiting = waiting
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         info = GaugeMetricFamily(
@@ -160,7 +162,7 @@ class _View(Collector):
             "1 for each GPU a pod holds (bound, or reserved for it): the node, the GPU, and the holder.",
             labels=HOLDER_LABELS,
         )
-        for held in self._holders():
+        for held in self.holders():
             info.add_metric([held.get(k, "") for k in HOLDER_LABELS], 1.0)
         yield info
         waiting = GaugeMetricFamily(
@@ -168,7 +170,7 @@ class _View(Collector):
             "Pods this scheduler last refused and that still wait, by the reason of that refusal.",
             labels=("reason",),
         )
-        counts = self._waiting()
+        counts = self.waiting()
         for reason in sorted({*ALL_REASONS, GANG_WAITING, *counts}):
             waiting.add_metric([reason], float(counts.get(reason, 0)))
         yield waiting
