@@ -320,6 +320,9 @@ class Scheduler:
             # gate is an update that changes pod_signature and queues it again.
             self.backoff.forget(key)
             return
+        gang = gang_of(pod)
+        if gang is not None:
+            self.gangs.take_held(pod, gang)  # GPUs held for it before it existed are its own
         decision = self.decide(pod)
         if decision.reason == NOT_INJECTED:
             self.ledger.cancel(pod)
@@ -332,7 +335,6 @@ class Scheduler:
             decision = self.refusals.hold(pod, decision, self.nodes.get(decision.entry.node))
         if decision.reason == GPU_IN_USE:
             decision = self.rollout.make_room(pod, decision)
-        gang = gang_of(pod)
         if gang is not None:
             verdict = self.gangs.check(pod, gang, decision)
             if not verdict.go:

@@ -72,10 +72,12 @@ class _Replicas:
 
 
 class _OtherWorkloads:
-    """The ledger's holders, less the pods of one StatefulSet (its rollout moves them)."""
+    """The ledger's holders, less the pods of one StatefulSet (its rollout moves them) and the
+    GPUs held for its replicas not created yet."""
 
-    def __init__(self, ledger: Ledger, pod_of: Callable[[str], Mapping[str, Any] | None], owner: str):
-        self._ledger, self._pod_of, self._owner = ledger, pod_of, owner
+    def __init__(self, ledger: Ledger, pod_of: Callable[[str], Mapping[str, Any] | None], gang: GangKey):
+        self._ledger, self._pod_of, self._gang = ledger, pod_of, gang
+        self._stand_in = f"{gang.namespace}/{gang.owner_name}-"  # the key of a replica held for
 
     def holders(
         self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
@@ -83,7 +85,9 @@ class _OtherWorkloads:
         out = []
         for gpu, key in self._ledger.holders(node, gpus, exclude_uid):
             holder = self._pod_of(key)
-            if holder is None or (Pod(holder).owner or {}).get("uid") != self._owner:
+            if holder is None and key.startswith(self._stand_in):
+                continue  # held for a replica of this StatefulSet not created yet
+            if holder is None or (Pod(holder).owner or {}).get("uid") != self._gang.owner_uid:
                 out.append((gpu, key))
         return out
 
@@ -202,15 +206,18 @@ class Gangs:
         view = Pod(pod)
         if self.ledger.reserved(view.uid) is not None:
             return Verdict(True)
+        mine = ordinal_of(view.name, view.labels)
+        if self.take_held(pod, gang):
+            return Verdict(True)
         ordinals, _ = self._ordinals(gang, pod)
         with self._lock:
             members = dict(self._members.get((gang.namespace, gang.owner_uid)) or {})
         blocked: list[Blocked] = []
         pending: list[tuple[Mapping[str, Any], Entry]] = []
-        others = _OtherWorkloads(self.ledger, self._pod_of, gang.owner_uid)
+        others = _OtherWorkloads(self.ledger, self._pod_of, gang)
         for ordinal in ordinals:
             key = members.get(ordinal)
-            member = pod if key == view.key else (self._pod_of(key) if key else None)
+            member = pod if key == view.key or ordinal == mine else (self._pod_of(key) if key else None)
             if member is not None and gang_of(member) == gang:
                 if Pod(member).node_name is not None:
                     continue  # bound: it holds its GPUs
@@ -229,7 +236,7 @@ class Gangs:
                 pending.append((_phantom(gang, ordinal), found.entry))
         if not blocked:
             claims = [(m, Claim.of(e.node, e.gpus)) for m, e in pending]
-            taken = self.ledger.reserve_all(claims)
+            taken = self.ledger.reserve_all(claims, self._ours(gang))
             if not taken:
                 with self._lock:
                     for m, e in pending:
@@ -240,6 +247,35 @@ class Gangs:
                 return Verdict(True)
             blocked = _conflicts(pending, taken)
         return self._wait(pod, gang, decision, blocked, len(ordinals))
+
+    def take_held(self, pod: Mapping[str, Any], gang: GangKey) -> bool:
+        """The GPUs held for this replica before it existed become its own (the informer's
+        thread does it when the watch brings the pod; a worker that gets there first, too)."""
+        view = Pod(pod)
+        mine = ordinal_of(view.name, view.labels)
+        if mine is None or not is_pending(pod):
+            return False
+        with self._lock:
+            held = self._phantoms.pop((gang.namespace, gang.owner_uid, mine), None)
+        if held is None:
+            return False
+        if held[0] != gang:
+            self.ledger.forget(held[1])
+            return False
+        return self.ledger.hand_over(Pod(held[1]).uid, pod)
+
+    def _ours(self, gang: GangKey) -> Callable[[str, str], bool]:
+        """Whether a holder is a member of ``gang`` (or held for one not created yet): another
+        worker may have reserved for the gang since this one looked."""
+        stand_in = f"{PHANTOM}{gang.namespace}/{gang.owner_uid}/"
+
+        def ours(uid: str, key: str) -> bool:
+            if uid.startswith(stand_in):
+                return True
+            member = self._pod_of(key)
+            return member is not None and Pod(member).uid == uid and gang_of(member) == gang
+
+        return ours
 
     def _admitted(self, gang: GangKey, others: list[str]) -> None:
         with self._lock:

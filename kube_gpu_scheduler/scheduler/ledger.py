@@ -28,7 +28,7 @@ older copy of the pod arriving late on the watch cannot erase the decision.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,12 +160,17 @@ class Ledger:
             self._set(uid, pod_key(pod), claim)
             return []
 
-    def reserve_all(self, claims: list[tuple[Mapping[str, Any], Claim]]) -> list[tuple[str, GPU, str]]:
+    def reserve_all(
+        self,
+        claims: list[tuple[Mapping[str, Any], Claim]],
+        ours: Callable[[str, str], bool] = lambda uid, key: False,
+    ) -> list[tuple[str, GPU, str]]:
         """Reserve every ``(pod, claim)`` in one step, or none of them: a gang's GPUs.
 
         Returns the conflicts, ``(pod key, gpu, holder key)``, and takes nothing when any GPU is
-        held by a pod outside ``claims``. Two gangs wanting one GPU thus never hold half of it
-        each: whichever reserves first takes all it needs, the other takes nothing."""
+        held by a pod outside ``claims`` for which ``ours(uid, key)`` is false (the gang's own
+        members). Two gangs wanting one GPU thus never hold half of it each: whichever
+        reserves first takes all it needs, the other takes nothing."""
         uids = {Pod(pod).uid for pod, _ in claims}
         with self._lock:
             conflicts = [
@@ -173,7 +178,7 @@ class Ledger:
                 for pod, claim in claims
                 for gpu in claim.gpus
                 for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
-                if other not in uids
+                if other not in uids and not ours(other, key)
             ]
             if conflicts:
                 return conflicts

@@ -184,3 +184,28 @@ def test_a_pod_without_the_annotation_is_placed_alone() -> None:
     world.sched.process("ns/w-0")
     assert world.writer.binds == [("ns/w-0", "node1")]
     assert isinstance(world.sched.pods, Cache)
+
+
+def test_a_member_the_gang_index_has_not_seen_yet_takes_the_gpus_held_for_it() -> None:
+    """A worker may pick up w-1 before the gang's index has it (another worker admitted the
+    gang meanwhile): it takes what is held for it, and one GPU never has two holders."""
+    world = gang_world(member("w-0"))
+    world.sched.gangs._read_statefulset = Sts().read_statefulset
+    world.sched.process("ns/w-0")
+    w1 = member("w-1")
+    world.pods.objs["ns/w-1"] = w1  # in the cache, not yet through the gang's index
+    world.sched.process("ns/w-1")
+    assert world.writer.binds == [("ns/w-0", "node1"), ("ns/w-1", "node2")]
+    assert world.holders("node2", 0) == ["ns/w-1"] and world.holders("node3", 0) == ["ns/w-2"]
+
+
+def test_reserve_all_takes_no_offence_at_the_gangs_own_holders() -> None:
+    ledger = Ledger()
+    x, y = pod("x-0", "0=n:0"), pod("y-0", "0=n:1")
+    assert ledger.reserve(y, Claim.of("n", [1])) == []
+    claims = [
+        (x, Claim.of("n", [0])),
+        ({"metadata": {"name": "x-1", "namespace": "ns", "uid": "u2"}}, Claim.of("n", [1])),
+    ]
+    assert ledger.reserve_all(claims) == [("ns/x-1", 1, "ns/y-0")]
+    assert ledger.reserve_all(claims, lambda uid, key: key == "ns/y-0") == []
