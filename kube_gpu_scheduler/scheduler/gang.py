@@ -115,6 +115,7 @@ class Gangs:
         self._committed: set[GangKey] = set()  # a member of the revision is bound
         self._since: dict[GangKey, float] = {}  # gangs waiting: first seen waiting
         self._replicas: dict[tuple[str, str], _Replicas] = {}  # (namespace, name) -> its last read
+        self._evaluating: dict[GangKey, threading.Lock] = {}  # one pass over a gang at a time
         # Replicas not created yet whose GPUs are held for their gang: (ns, owner UID, ordinal).
         self._phantoms: dict[tuple[str, str, int], tuple[GangKey, Mapping[str, Any]]] = {}
         metrics.track_gangs(lambda: len(self._since))
@@ -164,10 +165,15 @@ class Gangs:
                 del members[ordinal]
             if members is not None and not members:
                 del self._members[owner]
-                gone = {g for g in (*self._committed, *self._since) if (g.namespace, g.owner_uid) == owner}
+                gone = {
+                    g
+                    for g in (*self._committed, *self._since, *self._evaluating)
+                    if (g.namespace, g.owner_uid) == owner
+                }
                 self._committed -= gone
                 for g in gone:
                     self._since.pop(g, None)
+                    self._evaluating.pop(g, None)
                 stale = [k for k in self._phantoms if (k[0], k[1]) == owner]
                 dropped = [self._phantoms.pop(k)[1] for k in stale]
             else:
@@ -209,6 +215,17 @@ class Gangs:
         mine = ordinal_of(view.name, view.labels)
         if self.take_held(pod, gang):
             return Verdict(True)
+        with self._lock:
+            one_at_a_time = self._evaluating.setdefault(gang, threading.Lock())
+        with one_at_a_time:  # members in other workers wait for this pass rather than repeat it
+            if self.ledger.reserved(view.uid) is not None or self.take_held(pod, gang):
+                return Verdict(True)  # admitted by the pass this one waited for
+            return self._evaluate(pod, gang, decision, mine)
+
+    def _evaluate(
+        self, pod: Mapping[str, Any], gang: GangKey, decision: Decision, mine: int | None
+    ) -> Verdict:
+        view = Pod(pod)
         ordinals, _ = self._ordinals(gang, pod)
         with self._lock:
             members = dict(self._members.get((gang.namespace, gang.owner_uid)) or {})
