@@ -34,7 +34,7 @@ from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
 from kube_gpu_scheduler.domain.injection import held_devices, plain_env, pod_containers
 from kube_gpu_scheduler.domain.schedmap import GPU
 
-ARMS = ("A", "E", "B", "B2", "C", "L")
+ARMS = ("A", "E", "B", "B2", "C", "L", "G", "GR")
 ARM_NAMES = {
     "A": "gpu-scheduler",
     "E": "gpu-scheduler, existing pods",
@@ -42,6 +42,8 @@ ARM_NAMES = {
     "B2": "kube-scheduler, client QPS 5000 / burst 10000 (node affinity)",
     "C": "raw Binding, existing pods",
     "L": "raw Binding, while created",
+    "G": "gpu-scheduler, gangs (all or none), nothing blocking",
+    "GR": "gpu-scheduler, one gang released (from the blocker's deletion)",
 }
 WEBHOOK_LABEL = "bench.gpu-scheduler.io/webhook"
 # The create arms: how the pods get their GPU variables (the value of WEBHOOK_LABEL on their
@@ -202,7 +204,8 @@ def run_bind_arm(
     Arm E (the gpu-scheduler on existing pods, C's counterpart): ``hold()`` keeps the
     scheduler from placing anything (its Lease is held by someone else) while the pods are
     created; once all are seen, ``go()`` gives the Lease back and returns the moment the
-    scheduler took it: the clock starts there, as C's starts at its first Binding.
+    scheduler took it: the clock starts there, as C's starts at its first Binding. Arm GR
+    (bench/gang.py) the same way: ``hold()`` blocks the gang, ``go()`` releases it.
     """
     nodes = {p.name: p.node for p in pods}
     bind_sent: dict[str, float] = {}
@@ -227,11 +230,11 @@ def run_bind_arm(
             live_binders = [threading.Thread(target=drain, daemon=True) for _ in range(bind_threads)]
             for t in live_binders:
                 t.start()
-        if arm == "E":
+        if arm in ("E", "GR"):
             assert hold is not None and go is not None
             hold()
         start, _ = run_parallel(create_threads, creator(raw, namespace), pods)
-        if arm == "E":
+        if arm in ("E", "GR"):
             assert go is not None
             if not watch.wait_seen(len(pods), timeout):
                 raise ApiError(f"{namespace}: only {len(watch.seen)} of {len(pods)} pods seen on the watch")
@@ -249,7 +252,7 @@ def run_bind_arm(
         if cpu:
             cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in cpu().items()}
         last = max(watch.bound.values())
-        if arm == "E":  # from the scheduler's start: every pod was waiting for it
+        if arm in ("E", "GR"):  # from the scheduler's start (the gang's release): every pod was waiting
             latencies = [watch.bound[n] - start for n in nodes]
         else:
             origin = bind_sent if arm == "C" else watch.seen

@@ -62,6 +62,7 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
                 ">= 1.0",
             ),
             ("p99 create-to-bound A/B2 (lower is better)", p99, "A", "B2", "<= 1.0"),
+            ("throughput G/A (gangs, all or none, nothing blocking / single pods)", tp, "G", "A", ">= 0.95"),
         ]
         rows += [(what, plan.label, _ratio(m[x], m[y]), target) for what, m, x, y, target in specs]
         for against in ("L", "B2"):
@@ -76,6 +77,18 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
                         "",
                     )
                 )
+        gr = runs_of(results, "GR", plan.key)
+        if gr:
+            size = gr[0].pods
+            rows.append(
+                (
+                    f"seconds a released gang of {size} replicas takes to bind all of them (GR: from "
+                    "its blocker's deletion to the last replica bound)",
+                    plan.label,
+                    median([r.seconds for r in gr]),
+                    "",
+                )
+            )
         a_runs = [r for r in runs_of(results, "A", plan.key) if not math.isnan(r.p99_without_own)]
         if a_runs:
             rows.append(

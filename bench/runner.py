@@ -46,6 +46,7 @@ from bench.arms import (
     delete_pods,
 )
 from bench.dra import DraBench
+from bench.gang import GANG_ARMS, Release, as_gang, released
 from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
@@ -280,11 +281,16 @@ class Bench:
 
     def bind_run(self, arm: str, plan: Plan, rep: int, measure_memory: bool = False) -> Run:
         assert self.raw is not None and self.scheduler is not None
-        scheduler_name = {"A": SCHEDULER, "E": SCHEDULER, "B": "default-scheduler", "B2": TUNED}.get(
-            arm, NOBODY
+        scheduler_name = {"B": "default-scheduler", "B2": TUNED}.get(
+            arm, SCHEDULER if arm in ("A", "E", *GANG_ARMS) else NOBODY
         )
         pods = bind_pods(plan, scheduler_name=scheduler_name, pin=arm in ("B", "B2"))
+        pods = {"G": as_gang, "GR": released}.get(arm, lambda p: p)(pods)
         ns = self.namespace(f"{arm}-{plan.key}")
+        hold, go = self.hold_lease, self.release_lease
+        if arm == "GR":
+            release = Release(self.raw, http_url(self.scheduler, "/metrics"), pods[0], SCHEDULER)
+            hold, go = release.hold, release.go
         try:
             run = arms.run_bind_arm(
                 self.raw,
@@ -297,8 +303,8 @@ class Bench:
                 bind_threads=self.scale.bind_threads,
                 timeout=self.scale.timeout,
                 cpu=self.cpu,
-                hold=self.hold_lease,
-                go=self.release_lease,
+                hold=hold,
+                go=go,
                 own=self.own_times if arm == "A" else None,
             )
             if measure_memory:
@@ -307,6 +313,8 @@ class Bench:
                 self.results.memory[key] = max(self.results.memory.get(key, 0.0), rss_mib(self.scheduler.pid))
         finally:
             delete_pods(self.raw, ns)
+            if arm == "GR":
+                release.clean()
         return run
 
     def own_times(self, namespace: str, count: int) -> dict[str, float]:

@@ -29,6 +29,8 @@ inside: the GPUs NVIDIA's plugin prepared for its claim, and no others.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -132,6 +134,20 @@ def table(rows: list[dict[str, Any]]) -> str:
             for r in rows
         ]
     )
+
+
+def map_status(cluster: Cluster) -> str:
+    """``gpu-scheduler-map status`` on the demo's cluster (what ``kubectl gpu-map status`` prints)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "kube_gpu_scheduler.mapcli.cli",
+        "status",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return done.stdout.strip() or done.stderr.strip()
 
 
 def wait_rollout(cluster: Cluster, namespace: str, release: str, timeout: float) -> None:
@@ -254,6 +270,9 @@ def run(
             good = verify_dra_release(cluster, timeout)
         elif good:
             say(f"every replica is Running on its mapped node with its mapped GPUs ({replicas}/{replicas})")
+        if good:
+            say("gpu-scheduler-map status: who holds which GPU, and which are free")
+            print(map_status(cluster))
         if good:
             say(f"helm test {RELEASE} (the test pods run on the real node)")
             res = cluster.helm("test", RELEASE, "-n", SYSTEM_NS, "--timeout", f"{int(timeout)}s", check=False)

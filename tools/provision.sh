@@ -5,12 +5,13 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|node|nvidia|nvidia-ctk|unit|all]...
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|dashboard-check|node|nvidia|nvidia-ctk|unit|all]...
 #   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 #   nvidia-ctk: the container toolkit alone
-#   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit
+#   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit,
+#     promtool and dashboard-check (monitoring)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -40,6 +41,9 @@ containerd_dir="$CACHE/containerd-$CONTAINERD_VERSION"
 pause_dir="$CACHE/pause-$PAUSE_VERSION"
 coredns_dir="$CACHE/coredns-$COREDNS_VERSION"
 kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
+promtool_dir="$CACHE/promtool-$PROMETHEUS_VERSION"
+# Ours (tools/dashboard-check/main.go), keyed by its source and the SDK it decodes with.
+dashcheck_dir="$CACHE/dashboard-check-$(sha256sum "$here/dashboard-check/main.go" | cut -c1-12)-$GRAFANA_FOUNDATION_SDK_VERSION"
 nvidia_dra_dir="$CACHE/dra-driver-nvidia-gpu-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 nvidia_ctk_dir="$CACHE/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSION"
 # Ours (tools/dra-prepare/main.go), keyed by its source and the plugin it talks to.
@@ -47,7 +51,7 @@ dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cu
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
-    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
+    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$promtool_dir/bin" "$dashcheck_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
     "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin"
 }
 
@@ -452,6 +456,39 @@ build_nvidia_dra() {
   touch "$nvidia_dra_dir/.done"
 }
 
+# promtool: Prometheus' rule checker and rule unit tester, for the chart's PrometheusRule and the
+# dashboard's queries (tests/unit/test_chart_monitoring.py, docs/charts.md "Monitoring").
+build_promtool() {
+  [ -f "$promtool_dir/.done" ] && return
+  check_go
+  local v=github.com/prometheus/common/version
+  log "building promtool (Prometheus module $PROMETHEUS_VERSION; cold: several minutes)"
+  go_build_pinned "$promtool_dir" github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+    github.com/prometheus/prometheus/cmd/promtool "-X $v.Version=$PROMETHEUS_VERSION -X $v.Branch=module"
+  "$promtool_dir/bin/promtool" --version >&2
+  touch "$promtool_dir/.done"
+}
+
+# dashboard-check (tools/dashboard-check/main.go): Grafana's dashboard schema, as the foundation
+# SDK's generated types, decodes a dashboard JSON strictly and validates it.
+build_dashcheck() {
+  [ -f "$dashcheck_dir/.done" ] && return
+  check_go
+  local m=github.com/grafana/grafana-foundation-sdk/go src="$CACHE/src/$(basename "$dashcheck_dir")"
+  log "building dashboard-check (tools/dashboard-check) against $m $GRAFANA_FOUNDATION_SDK_VERSION"
+  rm -rf "$src" "$dashcheck_dir"; mkdir -p "$src" "$dashcheck_dir/bin"
+  cp "$here/dashboard-check/main.go" "$src/"
+  printf 'module gpu-scheduler.local/dashboard-check\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$GRAFANA_FOUNDATION_SDK_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w" -o "$dashcheck_dir/bin/dashboard-check" .)
+  touch "$dashcheck_dir/.done"
+}
+
+build_monitoring() {
+  with_lock "$promtool_dir" build_promtool
+  with_lock "$dashcheck_dir" build_dashcheck
+}
+
 build_nvidia_ctk() {
   [ -f "$nvidia_ctk_dir/.done" ] && return
   check_go
@@ -502,14 +539,17 @@ for t in "${targets[@]}"; do
     argocd) with_lock "$argocd_dir" build_argocd ;;
     cert-manager) with_lock "$cm_dir" build_cert_manager ;;
     kube-score) with_lock "$kube_score_dir" build_kube_score ;;
+    monitoring) build_monitoring ;;
+    promtool) with_lock "$promtool_dir" build_promtool ;;
+    dashboard-check) with_lock "$dashcheck_dir" build_dashcheck ;;
     node) with_lock "$node_dir" build_node ;;
     nvidia) build_nvidia ;;
     nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
     unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
-          with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
+          with_lock "$nvidia_ctk_dir" build_nvidia_ctk; build_monitoring ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
          with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
-         with_lock "$kube_score_dir" build_kube_score; with_lock "$node_dir" build_node
+         with_lock "$kube_score_dir" build_kube_score; build_monitoring; with_lock "$node_dir" build_node
          build_nvidia ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

@@ -1,5 +1,7 @@
 """``gpu-scheduler-map``: check ``gpu-scheduling-map`` annotations before they reach a cluster.
 
+``plan`` and ``status``, which read a live cluster, are :mod:`kube_gpu_scheduler.mapcli.commands`.
+
 ``gpu-scheduler-map validate [FILE|-]...`` reads a raw map, or Kubernetes YAML
 (one or many documents: ``helm template`` or ``kustomize build`` output, a
 ``kubectl get -o yaml`` List) and checks every map it finds with the project's
@@ -28,6 +30,7 @@ from kube_gpu_scheduler.domain.rules import (
     unused_ordinals,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse
+from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status
 from kube_gpu_scheduler.mapcli.manifest import (
     DEFAULT_SCHEDULER_NAME,
     FoundMap,
@@ -337,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SCHEDULER_NAME,
         help="the schedulerName pods must use (default: %(default)s)",
     )
+    add_commands(sub)
     return parser
 
 
@@ -385,8 +389,9 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    run = {"plan": run_plan, "status": run_status}.get(args.command, validate)
     try:
-        return validate(args, sys.stdout, sys.stderr)
+        return run(args, sys.stdout, sys.stderr)
     except BrokenPipeError:  # `... | head`
         return EXIT_OK
 

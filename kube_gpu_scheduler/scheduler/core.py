@@ -33,12 +33,21 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from kube_gpu_scheduler.domain.gang import gang_of
 from kube_gpu_scheduler.domain.objects import Node, Pod
-from kube_gpu_scheduler.domain.rules import GPU_IN_USE, NOT_INJECTED, Decision, evaluate, node_signature
+from kube_gpu_scheduler.domain.rules import (
+    GPU_IN_USE,
+    NOT_INJECTED,
+    Decision,
+    Holders,
+    evaluate,
+    node_signature,
+)
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.informer import Obj
 from kube_gpu_scheduler.scheduler.binding import PodWriter
 from kube_gpu_scheduler.scheduler.events import EventRecorder
+from kube_gpu_scheduler.scheduler.gang import Gangs, Verdict
 from kube_gpu_scheduler.scheduler.health import SchedulerHealth
 from kube_gpu_scheduler.scheduler.leader import LeaderElector
 from kube_gpu_scheduler.scheduler.ledger import Ledger, pod_key
@@ -55,6 +64,7 @@ from kube_gpu_scheduler.scheduler.server import Probes
 from kube_gpu_scheduler.scheduler.settings import EXTENDER, Settings
 from kube_gpu_scheduler.scheduler.tenancy import Tenancy
 from kube_gpu_scheduler.scheduler.usage import NodeUsage, footprint
+from kube_gpu_scheduler.scheduler.view import holder_labels
 from kube_gpu_scheduler.scheduler.waiting import WaitingIndex
 from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
 
@@ -142,8 +152,17 @@ class Scheduler:
         self._last_bind = float("-inf")  # time.monotonic() of the latest Binding
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen pending
         self.workers: list[threading.Thread] = []
+        self.gangs = Gangs(
+            self.ledger,
+            self.pod,
+            self._decide_member,
+            self._read_statefulset,
+            self.queue.add,
+            self.metrics,
+        )
         self.health = SchedulerHealth(self)
         self.metrics.track(lambda: len(self.queue), lambda: len(self.waiting))
+        self.metrics.track_view(lambda: holder_labels(self.ledger, self.pod), self.report.waiting)
 
     def attach(
         self,
@@ -194,6 +213,16 @@ class Scheduler:
         decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection, usage)
         return self.tenancy.decide(pod, decision) if self.tenancy is not None else decision
 
+    def _read_statefulset(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.writer.read_statefulset(namespace, name)
+
+    def _decide_member(self, pod: Mapping[str, Any], holders: Holders | None = None) -> Decision:
+        """A gang member's decision; with ``holders``, for a replica not there to ask (no
+        injection to check, no room: the replica it replaces still takes it)."""
+        if holders is None:
+            return self.decide(pod)
+        return evaluate(pod, self.nodes.view(), holders, False, None)
+
     # -- leadership ------------------------------------------------------------------
 
     def is_leader(self) -> bool:
@@ -218,6 +247,7 @@ class Scheduler:
 
     def _pod_changed(self, old: Obj | None, pod: Obj) -> None:
         self._requeue_nodes(self.ledger.observe(pod))
+        self.gangs.observe(pod)
         # Our own pods' room on their nodes comes from this watch (the assigned-pods watch
         # leaves them out: each of them, map and all, is decoded once, not twice).
         self._requeue_nodes(self.usage.observe(Pod(pod).uid, footprint(pod)))
@@ -235,6 +265,7 @@ class Scheduler:
 
     def _pod_deleted(self, pod: Obj) -> None:
         self._clear(pod)
+        self.gangs.forget(pod)
         self.lost.forget(Pod(pod).uid)
         self._requeue_nodes(self.ledger.forget(pod))
         # Bound or only reserved (a Binding that never showed): it takes no room any more.
@@ -313,6 +344,9 @@ class Scheduler:
             # gate is an update that changes pod_signature and queues it again.
             self.backoff.forget(key)
             return
+        gang = gang_of(pod)
+        if gang is not None:
+            self.gangs.take_held(pod, gang)  # GPUs held for it before it existed are its own
         decision = self.decide(pod)
         if decision.reason == NOT_INJECTED:
             self.ledger.cancel(pod)
@@ -327,9 +361,14 @@ class Scheduler:
             return  # kube-scheduler places the pod and calls kube_gpu_scheduler/scheduler/extender.py
         if decision.ok and decision.entry is not None:
             decision = self.refusals.hold(pod, decision, self.nodes.get(decision.entry.node))
+        if decision.reason == GPU_IN_USE:
+            decision = self.rollout.make_room(pod, decision)
+        if gang is not None:
+            verdict = self.gangs.check(pod, gang, decision)
+            if not verdict.go:
+                self._gang_wait(pod, verdict)
+                return
         if not decision.ok or decision.entry is None:
-            if decision.reason == GPU_IN_USE:
-                decision = self.rollout.make_room(pod, decision)
             if decision.entry is not None:
                 node = self.nodes.get(decision.entry.node)
                 decision = self.lost.explain(pod, decision, self.ledger.holders, self.pods.get, node)
@@ -389,13 +428,21 @@ class Scheduler:
         self.report.bound(pod, decision, latency, already, bind_s)
         self._clear(pod)
 
-    def _refuse(self, pod: Mapping[str, Any], decision: Decision) -> None:
+    def _refuse(self, pod: Mapping[str, Any], decision: Decision, node: str | None = None) -> None:
         key = pod_key(pod)
-        self.placement.cancel(pod)  # a reservation left by an earlier attempt must not block others
-        self.waiting.wait(key, decision.entry.node if decision.entry else "")
+        if not self.gangs.keeps(pod):  # a committed gang's member keeps its GPUs while it waits
+            self.placement.cancel(pod)  # a reservation left by an earlier attempt must not block others
+        if node is None:
+            node = decision.entry.node if decision.entry else ""
+        self.waiting.wait(key, node)
         delay = self.backoff.next(key)
         self.report.refused(pod, decision, delay)
         self.queue.add_after(key, delay)
+
+    def _gang_wait(self, pod: Mapping[str, Any], verdict: Verdict) -> None:
+        """A gang member waits for its gang (kube_gpu_scheduler/scheduler/gang.py)."""
+        assert verdict.decision is not None
+        self._refuse(pod, verdict.decision, verdict.node)
 
     # -- life cycle -------------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import Obj, object_key
 from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, DeviceKey, is_ours
 from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
+from kube_gpu_scheduler.scheduler.dragang import DraGangs
 from kube_gpu_scheduler.scheduler.drahandlers import CLAIM, POD, Cache, DraHandlers, Handler
 from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.drataints import Tainted, TaintedGpus, evicting, tainted
@@ -123,6 +124,7 @@ class ClaimController:
         self._workers = workers
         self.threads: list[threading.Thread] = []
         self._on = DraHandlers(self.index, self.queue, self.backoff)
+        self.gangs = DraGangs(self)
         # Set by attach(): the caches (informers in production).
         self.pods: Cache
         self.claims: Cache
@@ -323,6 +325,8 @@ class ClaimController:
                 self.tainted.waits(pod, ordinal, entry, claim, found, users=users)
                 return Next.DONE  # the gate stays closed; the taint's going queues the replica
         if dra.gated(pod):
+            if not self.gangs.may_open(pod):
+                return Next.WAITING  # a gang member: all its gates open together (dragang.py)
             if not self._writer.open_gate(pod):
                 return Next.AGAIN  # changed or gone under us: look again
             log.info("opened the scheduling gate", extra={"pod": key})

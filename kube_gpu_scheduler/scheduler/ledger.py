@@ -34,16 +34,19 @@ workers can never both take the last GPUs a policy allows.
 from __future__ import annotations
 
 import threading
+<<<<<<< HEAD
 from collections.abc import Callable, Iterable, Mapping, Sequence
+=======
+from collections.abc import Callable, Iterable, Mapping
+>>>>>>> h-gang
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kube_gpu_scheduler.domain.injection import held_devices
+from kube_gpu_scheduler.domain.holding import FINISHED_PHASES, is_active, pod_holds
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.podinfo import entry_for
-from kube_gpu_scheduler.domain.schedmap import GPU, MapError, gpu_sort_key
+from kube_gpu_scheduler.domain.schedmap import GPU, gpu_sort_key
 
-FINISHED_PHASES = ("Succeeded", "Failed")
+__all__ = ["FINISHED_PHASES", "Claim", "Ledger", "claim_of", "is_active", "is_bound", "pod_key"]
 
 # The listener: (namespace, node, GPUs added; negative when released), called under the lock.
 Listener = Callable[[str, str, int], None]
@@ -74,31 +77,15 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return Pod(pod).key
 
 
-def is_active(pod: Mapping[str, Any]) -> bool:
-    """Not finished. Terminating pods are active: they hold their GPUs until deleted."""
-    return Pod(pod).phase not in FINISHED_PHASES
-
-
 def is_bound(pod: Mapping[str, Any]) -> bool:
     return Pod(pod).node_name is not None
 
 
 def claim_of(pod: Mapping[str, Any]) -> Claim | None:
-    """The GPUs this pod holds according to the API object's immutable fields."""
-    view = Pod(pod)
-    node = view.node_name
-    if not is_active(pod) or node is None:
-        return None
-    devices = held_devices(view.spec)
-    if devices:
-        return Claim.of(node, devices)
-    try:
-        _, entry = entry_for(view.meta)
-    except MapError:
-        return None
-    if entry is None or entry.node != node:
-        return None
-    return Claim.of(entry.node, entry.gpus)
+    """The GPUs this pod holds according to the API object's immutable fields
+    (:func:`kube_gpu_scheduler.domain.holding.pod_holds`)."""
+    held = pod_holds(pod)
+    return Claim(*held) if held else None
 
 
 class Ledger:
@@ -225,6 +212,53 @@ class Ledger:
             self._reserved[uid] = claim
             self._set(uid, pod_key(pod), claim)
             return [], ()
+
+    def reserve_all(
+        self,
+        claims: list[tuple[Mapping[str, Any], Claim]],
+        ours: Callable[[str, str], bool] = lambda uid, key: False,
+    ) -> list[tuple[str, GPU, str]]:
+        """Reserve every ``(pod, claim)`` in one step, or none of them: a gang's GPUs.
+
+        Returns the conflicts, ``(pod key, gpu, holder key)``, and takes nothing when any GPU is
+        held by a pod outside ``claims`` for which ``ours(uid, key)`` is false (the gang's own
+        members). Two gangs wanting one GPU thus never hold half of it each: whichever
+        reserves first takes all it needs, the other takes nothing."""
+        uids = {Pod(pod).uid for pod, _ in claims}
+        with self._lock:
+            conflicts = [
+                (pod_key(pod), gpu, key)
+                for pod, claim in claims
+                for gpu in claim.gpus
+                for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
+                if other not in uids and not ours(other, key)
+            ]
+            if conflicts:
+                return conflicts
+            for pod, claim in claims:
+                uid = Pod(pod).uid
+                self._reserved[uid] = claim
+                self._set(uid, pod_key(pod), claim)
+            return []
+
+    def hand_over(self, from_uid: str, pod: Mapping[str, Any]) -> bool:
+        """Move a reservation held for a pod not created yet (``from_uid``) to ``pod``, at once:
+        no other pod can take the GPUs in between. False when nothing was held."""
+        uid = Pod(pod).uid
+        with self._lock:
+            claim = self._reserved.pop(from_uid, None)
+            if claim is None:
+                return False
+            held = self._pods.get(from_uid)
+            self._set(from_uid, held[0] if held else "", None)
+            self._reserved[uid] = claim
+            self._set(uid, pod_key(pod), claim)
+            return True
+
+    def reserved(self, uid: str) -> Claim | None:
+        """The claim reserved for a pending pod (not yet seen bound), if any."""
+        with self._lock:
+            return self._reserved.get(uid)
 
     def cancel(self, pod: Mapping[str, Any]) -> set[str]:
         """Drop a reservation whose write failed; fall back to what the API object says."""

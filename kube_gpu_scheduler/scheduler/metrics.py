@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-from kube_gpu_scheduler.domain.rules import ALL_REASONS, API_ERROR, BOUND_ELSEWHERE
+from kube_gpu_scheduler.domain.rules import ALL_REASONS, API_ERROR, BOUND_ELSEWHERE, GANG_WAITING
 
 # Seconds from the moment this process first saw the pod pending to its Binding.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -26,7 +28,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        for reason in (*ALL_REASONS, API_ERROR, BOUND_ELSEWHERE):
+        for reason in (*ALL_REASONS, API_ERROR, BOUND_ELSEWHERE, GANG_WAITING):
             self.failures.labels(reason)  # export zeros, so rate() works from the start
         self.bind_latency = Histogram(
             "gpu_scheduler_bind_latency_seconds",
@@ -91,6 +93,25 @@ class Metrics:
             registry=r,
         )
 
+        self.gangs_waiting = Gauge(
+            "gpu_scheduler_gangs_waiting",
+            "Gangs (gpu-scheduler.io/gang) with no replica bound yet because one cannot be placed.",
+            registry=r,
+        )
+        self.gangs_admitted = Counter(
+            "gpu_scheduler_gangs_admitted",
+            "Gangs whose every replica could be placed, so all were reserved and bound together.",
+            registry=r,
+        )
+        self.gang_wait = Histogram(
+            "gpu_scheduler_gang_wait_seconds",
+            "Time a gang waited, from its first refusal to its admission (0 when it never waited).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._view = _View(list, dict)
+        r.register(self._view)
+
     def track(self, queue_depth: Callable[[], float], unschedulable: Callable[[], float]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.unschedulable.set_function(unschedulable)
@@ -105,9 +126,54 @@ class Metrics:
         self.leader_renewal_age.set_function(age_or_nan)
         self.leader_healthy.set_function(lambda: 1.0 if healthy() else 0.0)
 
+    def track_gangs(self, waiting: Callable[[], float]) -> None:
+        self.gangs_waiting.set_function(waiting)
+
+    def track_view(
+        self, holders: Callable[[], list[dict[str, str]]], waiting: Callable[[], dict[str, int]]
+    ) -> None:
+        """Read at each scrape: one ``gpu_scheduler_gpu_holder_info`` sample per held GPU
+        (``holders``: its labels), ``gpu_scheduler_waiting_pods{reason}`` (``waiting``)."""
+        self._view.holders, self._view.waiting = holders, waiting
+
     def gc_collected(self, when: str, seconds: float) -> None:
         self.gc_full.labels(when).inc()
         self.gc_full_seconds.inc(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+HOLDER_LABELS = ("node", "gpu", "namespace", "pod", "statefulset", "ordinal", "mode")
+
+
+class _View(Collector):
+    """Who holds which GPU and who waits why, computed at scrape time from the caches."""
+
+    def __init__(
+        self, holders: Callable[[], list[dict[str, str]]], waiting: Callable[[], dict[str, int]]
+    ) -> None:
+        self.holders = holders
+        self.waiting = waiting
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = GaugeMetricFamily(
+            "gpu_scheduler_gpu_holder_info",
+            "1 for each GPU a pod holds (bound, or reserved for it): the node, the GPU, and the holder.",
+            labels=HOLDER_LABELS,
+        )
+        for held in self.holders():
+            info.add_metric([held.get(k, "") for k in HOLDER_LABELS], 1.0)
+        yield info
+        waiting = GaugeMetricFamily(
+            "gpu_scheduler_waiting_pods",
+            "Pods this scheduler last refused and that still wait, by the reason of that refusal.",
+            labels=("reason",),
+        )
+        counts = self.waiting()
+        for reason in sorted({*ALL_REASONS, GANG_WAITING, *counts}):
+            waiting.add_metric([reason], float(counts.get(reason, 0)))
+        yield waiting
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []

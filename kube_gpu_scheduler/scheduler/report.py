@@ -38,6 +38,14 @@ class Reporter:
             self._reported.pop(uid, None)
         self._events.forget(uid)
 
+    def waiting(self) -> dict[str, int]:
+        """How many pods wait, by the reason of their last refusal (gpu_scheduler_waiting_pods)."""
+        counts: dict[str, int] = {}
+        with self._lock:
+            for reason, _ in self._reported.values():
+                counts[reason] = counts.get(reason, 0) + 1
+        return counts
+
     def refused(self, pod: Mapping[str, Any], decision: Decision, retry_in: float) -> None:
         key, uid = pod_key(pod), Pod(pod).uid
         reason, message = decision.reason, decision.message

@@ -194,6 +194,12 @@ def create_app(
         body, content_type = serving_stats.render()
         return Response(body, status=200, content_type=content_type)
 
+    @app.after_request
+    def count(response: Response) -> Response:
+        if request.path not in ("/healthz", "/readyz", "/metrics"):
+            serving_stats.answered(request.path, response.status_code)
+        return response
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         code = exc.code or 500

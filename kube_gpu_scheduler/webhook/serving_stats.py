@@ -20,6 +20,9 @@ from typing import Any
 # Why a server closed a connection before answering on it.
 DROP_REASONS = ("handshake_timeout", "header_timeout", "body_timeout", "idle_timeout", "tls_error")
 
+# The paths the apiserver calls; an answer on any other path is counted as "other".
+ADMISSION_PATHS = ("/mutate", "/validate")
+
 _lock = threading.Lock()
 _metrics: dict[str, Any] = {}
 
@@ -47,8 +50,16 @@ def _get() -> dict[str, Any]:
                 "gpu_scheduler_webhook_client_cert_refused_total",
                 "Admission requests refused (403) for want of a client certificate (WEBHOOK_CLIENT_CA_FILE)",
             )
+            _metrics["answered"] = Counter(
+                "gpu_scheduler_webhook_requests_total",
+                "Requests the webhook answered, by path (/mutate, /validate; other for the rest) and "
+                "HTTP status code",
+                ["path", "code"],
+            )
             for reason in DROP_REASONS:
                 _metrics["closed"].labels(reason)
+            for path in ADMISSION_PATHS:
+                _metrics["answered"].labels(path, "200")
         return _metrics
 
 
@@ -62,6 +73,11 @@ def connection_cap_reached() -> None:
 
 def connections_open(delta: int) -> None:
     _get()["open"].inc(delta)
+
+
+def answered(path: str, code: int) -> None:
+    """One answer, counted by path (the admission paths; ``other`` for the rest) and status code."""
+    _get()["answered"].labels(path if path in ADMISSION_PATHS else "other", str(code)).inc()
 
 
 def client_cert_refused() -> None:

@@ -67,11 +67,15 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
                 # The claim controller's own metrics were read: its replica keys and their CPU time.
                 assert r["dra_keys"] >= r["pods"] and r["dra_key_cpu_ms"] > 0 and r["dra_key_ms"] > 0, r
             continue
-        want = (
-            scale.webhook_pods
-            if r["arm"] in ("W+", "W-", "P")
-            else next(p.pods for p in scale.plans if p.key == r["plan"])
-        )
+        plan = next((p for p in scale.plans if p.key == r["plan"]), None)
+        if r["arm"] in ("W+", "W-", "P"):
+            want = scale.webhook_pods
+        elif r["arm"] == "GR":  # one gang: the plan's first workload (bench/gang.py)
+            assert plan is not None
+            want = min(plan.pods, plan.nodes * plan.per_node)
+        else:
+            assert plan is not None
+            want = plan.pods
         assert r["pods"] == want and r["throughput"] > 0 and r["p99"] >= r["p50"] >= 0, r
         if r["arm"] == "A":
             # Every pod's time inside the scheduler was read from its "bound" log line (bind_s),

@@ -66,6 +66,22 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
         timeout=420 if mode == "dra" else 300,  # dra: also the check chart and its helm test
     )
     assert res.returncode == 0, res.stdout + res.stderr
+    # gpu-scheduler-map status: every replica's GPUs, and the free ones, as the scheduler trusts them.
+    held = {
+        (cols[0], cols[1]): cols[2:]
+        for cols in (line.split() for line in res.stdout.splitlines())
+        if len(cols) >= 3 and cols[0] in ("node1", "node2", "node3") and cols[1].isdigit()
+    }
+    mode_word = "dra" if mode == "dra" else "env"
+    for ordinal, node, gpus in (("0", "node1", "01"), ("1", "node2", "2"), ("2", "node3", "012")):
+        for gpu in gpus:
+            assert held[(node, gpu)] == [
+                f"gpu-demo/gpu-workload-{ordinal}",
+                "gpu-workload",
+                ordinal,
+                mode_word,
+            ], held
+    assert held[("node1", "3")] == held[("node2", "0")] == ["free"], held
     rows = [line.split() for line in res.stdout.splitlines() if re.match(r"^\d+\s+gpu-workload-", line)]
     if mode == "dra":
         assert [tuple(r) for r in rows] == dra_expected_rows(), res.stdout

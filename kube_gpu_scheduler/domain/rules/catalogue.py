@@ -67,6 +67,12 @@ POLICY_COUNTED = "Counted"
 POLICY_INVALID = "InvalidSpec"
 POLICY_AT_LIMIT = "AtLimit"
 POLICY_BELOW_LIMITS = "BelowLimits"
+# Gang placement (kube_gpu_scheduler/domain/gang.py): a member of a gang that cannot be placed
+# whole waits; its FailedScheduling note opens with this and names each blocked replica.
+GANG_WAITING = "GangWaiting"
+# gpu-scheduler-map plan: another map not yet placed (a replica of another StatefulSet in the
+# cluster or in the same input) names the same GPU: whichever is placed first gets it.
+MAP_CONFLICT = "MapConflict"
 
 # The leader elector's Event on its Lease.
 ABSURD_LEASE_DURATION = "AbsurdLeaseDuration"
@@ -118,4 +124,6 @@ OTHER_REASONS = (
     POLICY_INVALID,
     POLICY_AT_LIMIT,
     POLICY_BELOW_LIMITS,
+    GANG_WAITING,
+    MAP_CONFLICT,
 )

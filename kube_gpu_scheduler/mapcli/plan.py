@@ -1,0 +1,235 @@
+"""``gpu-scheduler-map plan``: what the scheduler would do with a StatefulSet, before it is applied.
+
+For each replica of each StatefulSet in the input (a file or stdin, as ``validate`` reads), the
+pod its controller would make (:func:`kube_gpu_scheduler.domain.gang.replica_pod`) goes through
+the scheduler's own rules (:func:`kube_gpu_scheduler.domain.rules.evaluate`) against the live
+cluster: its nodes, who holds each GPU (:meth:`kube_gpu_scheduler.mapcli.live.Cluster.holdings`),
+what the pods on each node take. Then the maps not yet placed: a GPU that a replica of another
+StatefulSet (in the cluster, or in the same input) wants and does not hold yet is a
+``MapConflict``, since whichever the scheduler places first gets it. A gang
+(``gpu-scheduler.io/gang``) places all its replicas or none.
+
+The StatefulSet's own running replicas are not counted as holders: a rollout replaces them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kube_gpu_scheduler.domain.fit import NodeTotals, PodFootprint
+from kube_gpu_scheduler.domain.gang import (
+    Blocked,
+    gang_finding,
+    gang_of,
+    is_gang,
+    replica_ordinals,
+    replica_pod,
+)
+from kube_gpu_scheduler.domain.holding import is_active
+from kube_gpu_scheduler.domain.objects import Meta, Pod
+from kube_gpu_scheduler.domain.podinfo import entry_for, map_text
+from kube_gpu_scheduler.domain.rules import MAP_CONFLICT, Decision, evaluate
+from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
+from kube_gpu_scheduler.mapcli.live import Cluster, Holder
+
+Where = tuple[str, GPU]
+
+
+@dataclass
+class ReplicaPlan:
+    ordinal: int
+    entry: Entry | None
+    placed: bool
+    reason: str = ""
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.entry
+        return {
+            "ordinal": self.ordinal,
+            "node": e.node if e else None,
+            "gpus": list(e.gpus) if e else [],
+            "placed": self.placed,
+            "reason": self.reason or None,
+            "message": self.message or None,
+        }
+
+
+@dataclass
+class SetPlan:
+    namespace: str
+    name: str
+    gang: bool
+    replicas: list[ReplicaPlan] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.placed for r in self.replicas)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "gang": self.gang,
+            "ok": self.ok,
+            "replicas": [r.to_json() for r in self.replicas],
+        }
+
+
+def statefulsets(text: str, namespace: str) -> list[dict[str, Any]]:
+    """The StatefulSets of a YAML input (Lists unfolded) whose pod template carries a map,
+    each with a namespace (``namespace`` where it names none)."""
+    found: list[dict[str, Any]] = []
+
+    def visit(doc: Any) -> None:
+        if not isinstance(doc, dict):
+            return
+        if doc.get("kind") == "List" or str(doc.get("kind", "")).endswith("List"):
+            for item in doc.get("items") or []:
+                visit(item)
+        elif doc.get("kind") == "StatefulSet":
+            template = (doc.get("spec") or {}).get("template") or {}
+            if map_text(template.get("metadata")) is not None:
+                meta = doc.setdefault("metadata", {})
+                meta.setdefault("namespace", namespace)
+                found.append(doc)
+
+    for doc in yaml.safe_load_all(text):
+        visit(doc)
+    return found
+
+
+class _Holders:
+    """The cluster's holders, less the planned StatefulSet's own replicas (its rollout moves them)."""
+
+    def __init__(self, held: Mapping[Where, list[Holder]], namespace: str, name: str) -> None:
+        self._held, self._ns, self._name = held, namespace, name
+
+    def holders(
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+    ) -> list[tuple[GPU, str]]:
+        return [
+            (gpu, h.key)
+            for gpu in gpus
+            for h in self._held.get((node, gpu), [])
+            if not (h.namespace == self._ns and h.statefulset == self._name)
+        ]
+
+
+class _Room:
+    """What the bound pods on each node take (the fit checks), less the planned StatefulSet's."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self._by_node: dict[str, list[PodFootprint]] = {}
+        for pod in cluster.pods:
+            view = Pod(pod)
+            if view.node_name is None or not is_active(pod):
+                continue
+            if view.namespace == namespace and view.owner_of_kind("StatefulSet") == name:
+                continue
+            fp = PodFootprint.of(view.key, view.node_name, view.spec)
+            self._by_node.setdefault(view.node_name, []).append(fp)
+
+    def totals(self, node: str, exclude_uid: str | None = None) -> NodeTotals:
+        return NodeTotals.of(self._by_node.get(node, []))
+
+
+def wanted(
+    cluster: Cluster, held: Mapping[Where, list[Holder]], scheduler_name: str
+) -> dict[Where, list[str]]:
+    """GPUs the replicas of the cluster's StatefulSets want and do not hold yet (maps not placed)."""
+    out: dict[Where, list[str]] = {}
+    for sts in cluster.statefulsets:
+        template = Meta(sts).spec.get("template") or {}
+        if (template.get("spec") or {}).get("schedulerName") != scheduler_name:
+            continue
+        for ordinal in replica_ordinals(sts):
+            for where, who in _wants(sts, ordinal):
+                holders = held.get(where, [])
+                if not any(
+                    h.pod == who.rsplit("/", 1)[1] and h.namespace == Meta(sts).namespace for h in holders
+                ):
+                    out.setdefault(where, []).append(
+                        f"replica {who} (StatefulSet {Meta(sts).key}, not placed yet)"
+                    )
+    return out
+
+
+def _wants(sts: Mapping[str, Any], ordinal: int) -> list[tuple[Where, str]]:
+    view = Meta(sts)
+    pod = replica_pod(sts, ordinal)
+    try:
+        _, entry = entry_for(pod["metadata"])
+    except MapError:
+        return []
+    if entry is None:
+        return []
+    return [((entry.node, gpu), f"{view.namespace}/{view.name}-{ordinal}") for gpu in entry.gpus]
+
+
+def plan(
+    planned: list[dict[str, Any]], cluster: Cluster, scheduler_name: str, dra: bool = False
+) -> list[SetPlan]:
+    held = cluster.holdings(scheduler_name)
+    others = wanted(cluster, held, scheduler_name)
+    out = []
+    for given in planned:
+        view = Meta(given)
+        live = next((s for s in cluster.statefulsets if Meta(s).key == view.key), None)
+        uid = Meta(live).uid if live is not None else ""
+        sts = {**given, "metadata": {**view.meta, "uid": uid}} if uid else given
+        mine = _others_of(others, view.key)
+        for other in planned:
+            if Meta(other).key != view.key:
+                for ordinal in replica_ordinals(other):
+                    for where, who in _wants(other, ordinal):
+                        mine.setdefault(where, []).append(
+                            f"replica {who} (StatefulSet {Meta(other).key} in this input)"
+                        )
+        holders = _Holders(held, view.namespace or "", view.name or "")
+        room = _Room(cluster, view.namespace or "", view.name or "")
+        result = SetPlan(view.namespace or "", view.name or "", is_gang(view.spec.get("template") or {}))
+        for ordinal in replica_ordinals(sts):
+            pod = replica_pod(sts, ordinal, uid=f"plan:{ordinal}")
+            decision = evaluate(pod, cluster.nodes, holders, False, room, dra)
+            result.replicas.append(_verdict(ordinal, decision, mine))
+        if result.gang and not result.ok:
+            _gang(result, sts)
+        out.append(result)
+    return out
+
+
+def _others_of(others: Mapping[Where, list[str]], key: str) -> dict[Where, list[str]]:
+    """The unplaced wants of every StatefulSet but ``key`` itself."""
+    return {where: [w for w in who if f"StatefulSet {key}," not in w] for where, who in others.items()}
+
+
+def _verdict(ordinal: int, decision: Decision, wanted_by: Mapping[Where, list[str]]) -> ReplicaPlan:
+    entry = decision.entry
+    if not decision.ok or entry is None:
+        return ReplicaPlan(ordinal, entry, False, decision.reason, decision.message)
+    clashes = [
+        f"GPU {entry.node}:{gpu} is also wanted by {who}"
+        for gpu in entry.gpus
+        for who in wanted_by.get((entry.node, gpu), [])
+    ]
+    if clashes:
+        return ReplicaPlan(ordinal, entry, False, MAP_CONFLICT, "; ".join(clashes))
+    return ReplicaPlan(ordinal, entry, True)
+
+
+def _gang(result: SetPlan, sts: Mapping[str, Any]) -> None:
+    """All or none: every replica of a gang that cannot be placed whole waits, naming why."""
+    blocked = [Blocked(r.ordinal, r.entry, r.reason, r.message) for r in result.replicas if not r.placed]
+    pod = replica_pod(sts, result.replicas[0].ordinal)
+    key = gang_of(pod)
+    if key is None:
+        return
+    finding = gang_finding(key, len(result.replicas), blocked)
+    for r in result.replicas:
+        own = f"; {r.reason}: {r.message}" if not r.placed else ""
+        r.placed, r.reason, r.message = False, finding.reason, finding.message + own
