@@ -34,11 +34,7 @@ workers can never both take the last GPUs a policy allows.
 from __future__ import annotations
 
 import threading
-<<<<<<< HEAD
 from collections.abc import Callable, Iterable, Mapping, Sequence
-=======
-from collections.abc import Callable, Iterable, Mapping
->>>>>>> h-gang
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
