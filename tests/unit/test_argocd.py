@@ -381,6 +381,7 @@ def test_the_local_rewrite_changes_only_the_repository_and_the_image(
     apply, with the image of this tree where argocd/README.md says to set one (each Application's
     Helm values) and nothing else of them changed."""
     from localcluster.gitops import argocd_manifest
+    from localcluster.release import REAL_NODE_PLACEMENT
 
     ref = "localhost/gpu-scheduler:dev-0123456789ab"
     (original,) = [d for d in yaml.safe_load_all(APPSETS[name].read_text()) if d]
@@ -396,6 +397,10 @@ def test_the_local_rewrite_changes_only_the_repository_and_the_image(
             "pullPolicy": "Never",
         }
         old_values.pop("image")
+        # And the pods that must run go to the real node, the one the image is on.
+        chart = app["spec"]["source"]["path"]
+        for key, placement in REAL_NODE_PLACEMENT[chart].items():
+            assert values.pop(key) == placement
         assert values == old_values
         for a in (app, old):
             del a["spec"]["source"]["helm"]["values"]
