@@ -330,7 +330,9 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
                 {
                     "weight": 100,
                     "preference": {
-                        "matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+                        "matchExpressions": [
+                            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                        ]
                     },
                 }
             ]

@@ -50,7 +50,6 @@ TEST_SELECTOR = {
 }
 
 
-
 # The chart's default placement: control-plane nodes preferred (preferControlPlane), never required.
 PREFER_CONTROL_PLANE = {
     "nodeAffinity": {
@@ -58,7 +57,9 @@ PREFER_CONTROL_PLANE = {
             {
                 "weight": 100,
                 "preference": {
-                    "matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+                    "matchExpressions": [
+                        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                    ]
                 },
             }
         ]
@@ -174,7 +175,11 @@ def walk_schema(node: Any, path: str = "$") -> list[str]:
     """Object schemas with named properties that do not forbid other keys."""
     bad: list[str] = []
     if isinstance(node, dict):
-        if "properties" in node and node.get("additionalProperties") is not False and path not in OPEN_OBJECTS:
+        if (
+            "properties" in node
+            and node.get("additionalProperties") is not False
+            and path not in OPEN_OBJECTS
+        ):
             bad.append(path)
         for key, value in node.items():
             bad += walk_schema(value, f"{path}.{key}")
@@ -511,7 +516,10 @@ def test_webhook_deployment_container_and_service() -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == f"{WEBHOOK}-tls"
     assert spec["automountServiceAccountToken"] is True
-    assert "nodeSelector" not in spec and spec["affinity"]["nodeAffinity"] == PREFER_CONTROL_PLANE["nodeAffinity"]
+    assert (
+        "nodeSelector" not in spec
+        and spec["affinity"]["nodeAffinity"] == PREFER_CONTROL_PLANE["nodeAffinity"]
+    )
     assert "checksum/webhook-tls" in dep["spec"]["template"]["metadata"]["annotations"]
     svc = one(docs, "Service", WEBHOOK)
     assert svc["spec"]["ports"] == [
