@@ -60,7 +60,9 @@ def problems(tag: str | None = None) -> list[str]:
             out.append(f"{chart}/Chart.yaml: appVersion is {found!r}, pyproject.toml version is {version!r}")
         chart_version = chart_field(chart, "version")
         if chart_version != version:
-            out.append(f"{chart}/Chart.yaml: version is {chart_version!r}, pyproject.toml version is {version!r}")
+            out.append(
+                f"{chart}/Chart.yaml: version is {chart_version!r}, pyproject.toml version is {version!r}"
+            )
     if tag is not None and tag != f"v{version}":
         out.append(
             f"release tag {tag!r} is not 'v{version}' (pyproject.toml version and the charts' appVersion)"
