@@ -37,3 +37,7 @@ image-push: venv ## Build this tree's image and push it under each of IMAGE_TAGS
 registry: venv ## Run a local OCI registry (CNCF distribution) on 127.0.0.1:$(REGISTRY_PORT) in the foreground
 	tools/provision.sh registry
 	$(PY) -m localcluster.registry --port $(REGISTRY_PORT)
+
+.PHONY: chart-docs
+chart-docs: venv ## Regenerate the values tables of both charts' README.md from values.yaml and the schema
+	$(PY) tools/chart_readme.py

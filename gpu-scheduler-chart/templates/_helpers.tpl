@@ -213,7 +213,11 @@ Call: include "gpu-scheduler.topologySpread" (dict "constraints" .Values.topolog
 {{- define "gpu-scheduler.topologySpread" -}}
 {{- $constraints := list }}
 {{- range .constraints }}
-{{- $constraints = append $constraints (ternary . (merge (dict "labelSelector" (dict "matchLabels" $.selector)) .) (hasKey . "labelSelector")) }}
+{{- if hasKey . "labelSelector" }}
+{{- $constraints = append $constraints . }}
+{{- else }}
+{{- $constraints = append $constraints (merge (dict "labelSelector" (dict "matchLabels" (deepCopy $.selector))) (deepCopy .)) }}
+{{- end }}
 {{- end }}
 {{- with $constraints }}
 topologySpreadConstraints:
