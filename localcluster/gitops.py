@@ -377,7 +377,9 @@ def argocd_manifest(
             if d["kind"] == "Secret" and REPO_URL_ANNOTATION in d["metadata"].get("annotations", {}):
                 d["metadata"]["annotations"][REPO_URL_ANNOTATION] = repo_url
             if d["kind"] == "AppProject":
-                d["spec"]["sourceRepos"] = [repo_url]
+                # The Git entry; the registry's charts (oci://) stay allowed.
+                oci = [r for r in d["spec"]["sourceRepos"] if r.startswith("oci://")]
+                d["spec"]["sourceRepos"] = [repo_url, *oci]
         if image and d["kind"] == "ApplicationSet":
             _set_appset_image(d, image)
             # The image is on the real node only: the pods that must run go there.
