@@ -226,3 +226,15 @@ def test_make_release_needs_a_version_and_a_registry() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert '-m localcluster.publish --version "1.2.3" --registry "127.0.0.1:5000"' in res.stdout
+
+
+def test_the_readme_installs_from_the_registry_first() -> None:
+    """README "Install": the first helm install is the released chart, from the registry the
+    release job pushes to, at this version."""
+    readme = (REPO / "README.md").read_text()
+    install = readme[readme.index("## Install") :]
+    first = next(line for line in install.splitlines() if "helm install" in line)
+    chart = f"{publish.chart_repository(registry_image())}/gpu-scheduler"
+    assert f"helm install gpu-scheduler {chart}" in first, first
+    block = install[install.index(first) :].split("```", 1)[0]
+    assert f"--version {VERSION}" in block
