@@ -179,7 +179,8 @@ def build_tree_image(source: Path, ref: str, python_image: str | None = None) ->
     from localcluster import image as img
 
     if source.resolve() == REPO.resolve() and python_image is None:
-        return img.build().ref  # `make image`'s image of this tree, built or reused
+        built = img.build()  # `make image`'s image of this tree, built or reused
+        return in_storage(built.ref, built.archive)
     base = img.base_image() if python_image is None else python_image
     args = ["bud", "--isolation", "chroot", "--layers=false", "-q"]
     if base != "dockerfile":
@@ -188,6 +189,20 @@ def build_tree_image(source: Path, ref: str, python_image: str | None = None) ->
         args += ["-v", f"{img.HOST_CA_BUNDLE}:/etc/ssl/certs/ca-certificates.crt:ro"]
     say(f"buildah bud {ref} from {source}/Dockerfile (PYTHON_IMAGE={base})")
     img.buildah(*args, "-t", ref, "-f", str(source / "Dockerfile"), str(source), timeout=3600)
+    return ref
+
+
+def in_storage(ref: str, archive: Path | None) -> str:
+    """``ref``, loaded into buildah's storage from its OCI ``archive`` when it is not there (the
+    storage is the machine's: another checkout's `make image` removes the dev images it did not
+    build, and keeps the archives)."""
+    from localcluster.image import buildah
+
+    if buildah("inspect", "--type", "image", ref, check=False).returncode != 0:
+        if archive is None or not Path(archive).is_file():
+            raise RuntimeError(f"{ref} is not in buildah's storage and has no archive to load it from")
+        say(f"loading {ref} from {archive}")
+        buildah("pull", "-q", f"oci-archive:{archive}", timeout=1800)
     return ref
 
 
@@ -311,6 +326,7 @@ def publish(
     plain_http: bool | None = None,
     python_image: str | None = None,
     local_image: str | None = None,
+    local_archive: Path | None = None,
     revision: str | None = None,
     out: Path = OUT,
 ) -> Release:
@@ -321,9 +337,18 @@ def publish(
         raise SystemExit("release: the tree does not say one version:\n  " + "\n  ".join(problems))
     plain = is_loopback(registry) if plain_http is None else plain_http
     login(registry, plain)
-    local = local_image or build_tree_image(source, f"localhost/{IMAGE_NAME}:build-{version}", python_image)
+    if local_image:
+        local = in_storage(local_image, local_archive)
+    else:
+        local = build_tree_image(source, f"localhost/{IMAGE_NAME}:build-{version}", python_image)
     ref = labelled(local, version, revision)
-    digest = push_image(ref, registry, [version], plain)
+    try:
+        digest = push_image(ref, registry, [version], plain)
+    finally:
+        # The labelled copy was only for the push (its layers are the built image's).
+        from localcluster.image import buildah
+
+        buildah("rmi", ref, check=False)
     say(f"image {image_repository(registry)}:{version} is {digest}")
     release = Release(version, registry, image_repository(registry), digest)
     out_charts = Path(out) / version

@@ -74,7 +74,11 @@ def current_release(
     version = tree_versions(REPO)["pyproject.toml"]
     assert version
     return publish(
-        version, registry.host, local_image=product_image.ref, out=tmp_path_factory.mktemp("release")
+        version,
+        registry.host,
+        local_image=product_image.ref,
+        local_archive=product_image.archive,
+        out=tmp_path_factory.mktemp("release"),
     )
 
 
