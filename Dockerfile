@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for the three programs: gpu-scheduler (default), gpu-scheduler-webhook
 # and gpu-scheduler-check (the charts pick one with `command`).
-# Build: docker build -t gpu-scheduler .   (CI: kaniko, see .gitlab-ci.yml)
+# Build: docker build -t gpu-scheduler .   (CI and make image: buildah, see .gitlab-ci.yml)
 # The base needs only `python` (3.11) with its venv module: python:3.11-slim, or a Debian
 # bookworm root with python3, python3-venv and python-is-python3 (--build-arg PYTHON_IMAGE=...).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm

@@ -82,5 +82,9 @@ url = secret["metadata"]["annotations"]["gpu-scheduler.io/repo-url"]
 if url not in project["spec"]["sourceRepos"]:
     sys.exit(f"[argocd-validate] FAIL repo URL {url} of local-cluster-secret.yaml is not in the AppProject's sourceRepos")
 print(f"[argocd-validate] ok   repo URL {url} is allowed by the AppProject", file=sys.stderr)
+charts = secret["metadata"]["annotations"]["gpu-scheduler.io/chart-registry"]
+if f"{charts}/*" not in project["spec"]["sourceRepos"]:
+    sys.exit(f"[argocd-validate] FAIL chart registry {charts} of local-cluster-secret.yaml is not allowed ({charts}/*) by the AppProject's sourceRepos")
+print(f"[argocd-validate] ok   chart registry {charts}/* is allowed by the AppProject", file=sys.stderr)
 PY
 exit $status

@@ -21,7 +21,7 @@ from kube_gpu_scheduler.domain.podinfo import entry_for
 from localcluster import dra as dra_slices
 from localcluster.cluster import REPO, Cluster
 from localcluster.node import NODE_NAME
-from localcluster.release import CHECK_CHART, install_chart
+from localcluster.release import CHECK_CHART, REAL_NODE_PLACEMENT, install_chart
 
 DEMO_NS = "gpu-demo"
 CHECK_RELEASE, CHECK_NS = "gpu-scheduler-check", "gpu-scheduler-tests"
@@ -199,6 +199,8 @@ def check_chart_dra(cluster: Cluster, image_ref: str, timeout: float) -> bool:
         "replicaCount": len(CHECK_MAP),
         # Its replica on the real node (the control-plane node) runs for real.
         "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}],
+        # Its hook pods too (kwok nodes run nothing).
+        **REAL_NODE_PLACEMENT[CHECK_CHART],
     }
     install_chart(
         cluster, CHECK_RELEASE, CHECK_NS, values, chart=CHECK_CHART, wait=True, timeout=f"{int(timeout)}s"

@@ -30,6 +30,7 @@ import yaml
 
 from localcluster.cluster import REPO, Cluster, free_port, tool
 from localcluster.procs import ManagedProcess
+from localcluster.release import REAL_NODE_PLACEMENT
 
 ARGOCD_NS = "argocd"
 CERT_MANAGER_NS = "cert-manager"
@@ -366,7 +367,8 @@ def argocd_manifest(
     (``REPOSITORY:TAG``, an image already on the nodes), every ApplicationSet's Helm values
     get ``image.repository``, ``image.tag`` and ``image.pullPolicy: Never``, where
     argocd/README.md tells users to set their image (each list element's ``helmValues``, or
-    the template's ``helm.values``). With ``webhook``, the scheduler chart's values also get
+    the template's ``helm.values``), and the placement on the real node that runs it
+    (``REAL_NODE_PLACEMENT``: the control-plane node required, not only preferred). With ``webhook``, the scheduler chart's values also get
     ``webhook`` = ``WEBHOOK_MODE_VALUES`` (argocd/README.md, "Webhook mode": the webhook with
     cert-manager instead of the default injection policy). Nothing else changes."""
     docs = [d for d in yaml.safe_load_all((ARGOCD_DIR / name).read_text()) if d]
@@ -375,9 +377,14 @@ def argocd_manifest(
             if d["kind"] == "Secret" and REPO_URL_ANNOTATION in d["metadata"].get("annotations", {}):
                 d["metadata"]["annotations"][REPO_URL_ANNOTATION] = repo_url
             if d["kind"] == "AppProject":
-                d["spec"]["sourceRepos"] = [repo_url]
+                # The Git entry; the registry's charts (oci://) stay allowed.
+                oci = [r for r in d["spec"]["sourceRepos"] if r.startswith("oci://")]
+                d["spec"]["sourceRepos"] = [repo_url, *oci]
         if image and d["kind"] == "ApplicationSet":
             _set_appset_image(d, image)
+            # The image is on the real node only: the pods that must run go there.
+            for chart, placement in REAL_NODE_PLACEMENT.items():
+                _rewrite_values(d, _merged(placement), chart=chart)
         if webhook and d["kind"] == "ApplicationSet":
             _rewrite_values(
                 d,
@@ -388,6 +395,11 @@ def argocd_manifest(
                 chart="gpu-scheduler-chart",
             )
     return docs
+
+
+def _merged(extra: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A change of Helm values that adds ``extra``'s keys (replacing theirs)."""
+    return lambda values: {**values, **extra}
 
 
 def _set_appset_image(appset: dict[str, Any], image: str) -> None:

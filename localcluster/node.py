@@ -143,6 +143,22 @@ class RealNode:
     def kubelet_log(self) -> Path:
         return self.dir / "logs" / "kubelet.log"
 
+    @property
+    def registry_config_dir(self) -> Path:
+        """containerd's ``config_path``: one ``<host>/hosts.toml`` per registry it is told about."""
+        return self.dir / "containerd" / "certs.d"
+
+    def trust_registry(self, host: str) -> Path:
+        """Let the node pull from the plain-HTTP registry ``host`` (``127.0.0.1:PORT``): a
+        hosts.toml naming its http:// endpoint for pull and resolve, as on any containerd node
+        (containerd reads it at each pull: no restart)."""
+        path = self.registry_config_dir / host / "hosts.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n'
+        )
+        return path
+
     # ------------------------------------------------------------------ start
     def prepare_host(self) -> None:
         """Take the lock, record what will change, then set up the bridge, routes and cgroups."""
@@ -210,6 +226,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{self.bins.pause_ref}"
+  # Per-registry settings (hosts.toml), read at each pull: trust_registry() adds one.
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{self.registry_config_dir}"
 
 [plugins."io.containerd.cri.v1.runtime"]
   # No CAP_SYS_RESOURCE on these machines: without this every sandbox fails with
@@ -230,6 +249,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     max_conf_num = 1
 """
         cd.mkdir(parents=True, exist_ok=True)
+        self.registry_config_dir.mkdir(parents=True, exist_ok=True)
         self.sock_dir.mkdir(parents=True, exist_ok=True)
         (cd / "config.toml").write_text(config)
         proc = spawn("containerd", [str(self.bins.containerd), f"--config={cd / 'config.toml'}"])

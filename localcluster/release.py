@@ -138,13 +138,30 @@ def webhook_host_values(url: str, ca_bundle: str, **webhook: Any) -> dict[str, A
     }
 
 
+# The local control plane's kwok nodes run nothing: the pods that must really run (the
+# scheduler, the webhook, the charts' hook and test pods) go to its one real node, the
+# control-plane node. The charts only prefer control-plane nodes (preferControlPlane, never a
+# requirement, for managed clusters); here the preference is made a requirement, as a kubeadm
+# cluster's user may, so kube-scheduler never puts one of them on a kwok node.
+CONTROL_PLANE_SELECTOR = {"node-role.kubernetes.io/control-plane": ""}
+# The same for each chart: where its values say it.
+REAL_NODE_PLACEMENT: dict[str, dict[str, Any]] = {
+    SCHEDULER_CHART: {"nodeSelector": CONTROL_PLANE_SELECTOR},
+    CHECK_CHART: {"hookPods": {"nodeSelector": CONTROL_PLANE_SELECTOR}},
+}
+
+
 def product_values(image_ref: str, certs: Path | None = None, **webhook: Any) -> dict[str, Any]:
     """Values for the product as a user installs it, on the real node (localcluster/node.py):
-    the image built here (never pulled: ``pullPolicy: Never``); with ``certs`` (a folder from
-    generate-webhook-certs.py) also the webhook, in the cluster behind its Service, its TLS
-    Secret created by the chart. Extra keyword arguments go under ``webhook``."""
+    the image built here (never pulled: ``pullPolicy: Never``), on the control-plane node
+    (``REAL_NODE_PLACEMENT``); with ``certs`` (a folder from generate-webhook-certs.py) also the
+    webhook, in the cluster behind its Service, its TLS Secret created by the chart. Extra
+    keyword arguments go under ``webhook``."""
     repository, _, tag = image_ref.rpartition(":")
-    values: dict[str, Any] = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"}}
+    values: dict[str, Any] = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        **REAL_NODE_PLACEMENT[SCHEDULER_CHART],
+    }
     if certs is not None:
         import base64
 
@@ -159,6 +176,8 @@ def product_values(image_ref: str, certs: Path | None = None, **webhook: Any) ->
 
 __all__ = [
     "CHECK_CHART",
+    "CONTROL_PLANE_SELECTOR",
+    "REAL_NODE_PLACEMENT",
     "SCHEDULER_CHART",
     "chart_path",
     "install_chart",

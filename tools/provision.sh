@@ -5,11 +5,12 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|dashboard-check|node|nvidia|nvidia-ctk|unit|all]...
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|dashboard-check|node|nvidia|nvidia-ctk|registry|unit|all]...
 #   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 #   nvidia-ctk: the container toolkit alone
+#   registry: the CNCF distribution registry (releases pushed and pulled in the tests)
 #   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit,
 #     promtool and dashboard-check (monitoring)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
@@ -47,12 +48,15 @@ dashcheck_dir="$CACHE/dashboard-check-$(sha256sum "$here/dashboard-check/main.go
 nvidia_dra_dir="$CACHE/dra-driver-nvidia-gpu-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 nvidia_ctk_dir="$CACHE/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSION"
 # Ours (tools/dra-prepare/main.go), keyed by its source and the plugin it talks to.
+# The OCI registry the release tests push to (tools/registry/main.go over the pinned module).
+registry_dir="$CACHE/registry-$REGISTRY_VERSION-$(sha256sum "$here/registry/main.go" | cut -c1-8)"
 dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cut -c1-12)-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
     "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$promtool_dir/bin" "$dashcheck_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
-    "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin"
+    "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin" \
+    "$registry_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -530,6 +534,27 @@ build_nvidia() {
   with_lock "$dra_prepare_dir" build_dra_prepare
 }
 
+# ------------------------------------------------------------ the OCI registry
+# The CNCF distribution registry, the reference implementation of the OCI distribution API
+# (what Docker Hub, GHCR and GitLab's registry speak): `make release` pushes to it in the
+# tests (tests/node/test_release_registry.py), and the real node's containerd pulls from it.
+# tools/registry/main.go is upstream's cmd/registry with the filesystem and in-memory storage
+# drivers only (no cloud SDKs to build), through a wrapper module that requires the pin.
+build_registry() {
+  [ -f "$registry_dir/.done" ] && return
+  check_go
+  local m=github.com/distribution/distribution/v3 src="$CACHE/src/$(basename "$registry_dir")"
+  log "building the distribution registry $REGISTRY_VERSION (filesystem and in-memory storage)"
+  rm -rf "$src" "$registry_dir"; mkdir -p "$src" "$registry_dir/bin"
+  cp "$here/registry/main.go" "$src/"
+  printf 'module gpu-scheduler.local/registry\n\ngo %s\n\nrequire %s %s\n' \
+    "$(go env GOVERSION | sed 's/^go//')" "$m" "$REGISTRY_VERSION" >"$src/go.mod"
+  (cd "$src" && go build -ldflags "-s -w -X $m/version.version=$REGISTRY_VERSION" \
+      -o "$registry_dir/bin/registry" .)
+  "$registry_dir/bin/registry" --version >&2
+  touch "$registry_dir/.done"
+}
+
 if [ "${1:-}" = "--print-bin-dirs" ]; then print_bin_dirs; exit 0; fi
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 start=$(date +%s)
@@ -545,12 +570,13 @@ for t in "${targets[@]}"; do
     node) with_lock "$node_dir" build_node ;;
     nvidia) build_nvidia ;;
     nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
+    registry) with_lock "$registry_dir" build_registry ;;
     unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
           with_lock "$nvidia_ctk_dir" build_nvidia_ctk; build_monitoring ;;
     all) build_k8s; build_etcd; build_kwok; build_helm; build_ct
          with_lock "$cm_dir" build_cert_manager; with_lock "$argocd_dir" build_argocd
          with_lock "$kube_score_dir" build_kube_score; build_monitoring; with_lock "$node_dir" build_node
-         build_nvidia ;;
+         build_nvidia; with_lock "$registry_dir" build_registry ;;
     *) log "unknown target $t"; exit 2 ;;
   esac
 done

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""One version everywhere a release names it: pyproject.toml, both charts' appVersion, the git tag.
+"""One version everywhere a release names it: pyproject.toml, both charts' version and
+appVersion, the git tag, the CHANGELOG.
 
     tools/release_check.py            # prints the version; exit 1 when the files disagree
-    tools/release_check.py v0.1.0     # also: the release tag must be v<version>
+    tools/release_check.py v0.2.0     # also: the tag is v<version>, CHANGELOG.md has "## <version>"
 
-A release tag vX.Y.Z makes CI push the image tag X.Y.Z (.gitlab-ci.yml, build-image),
-which is each chart's appVersion and so its default image.tag. Standard library only
-(CI runs it before any virtualenv exists). One line on stderr per disagreement.
+A release tag vX.Y.Z makes CI run `make release VERSION=X.Y.Z` (.gitlab-ci.yml, release):
+the image tag X.Y.Z, which is each chart's appVersion, and both charts as version X.Y.Z.
+`make release` runs this check first (localcluster/publish.py). Standard library only (CI
+runs it before any virtualenv exists). One line on stderr per disagreement.
 """
 
 from __future__ import annotations
@@ -24,11 +26,22 @@ def package_version() -> str:
     return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
 
 
-def app_version(chart: str) -> str | None:
-    """``appVersion`` of ``chart``/Chart.yaml (a top-level scalar, quoted or not)."""
+def chart_field(chart: str, field: str) -> str | None:
+    """A top-level scalar of ``chart``/Chart.yaml (quoted or not): ``version``, ``appVersion``."""
     text = (REPO / chart / "Chart.yaml").read_text()
-    m = re.search(r"""^appVersion:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", text, re.M)
+    m = re.search(rf"""^{field}:\s*["']?([^"'\s#]+)["']?\s*(?:#.*)?$""", text, re.M)
     return m.group(1) if m else None
+
+
+def app_version(chart: str) -> str | None:
+    """``appVersion`` of ``chart``/Chart.yaml."""
+    return chart_field(chart, "appVersion")
+
+
+def changelog_has(version: str) -> bool:
+    """CHANGELOG.md has a section for ``version`` (a ``## <version>`` heading)."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    return re.search(rf"^## {re.escape(version)}(\s|$)", text, re.M) is not None
 
 
 def image_tag_for(tag: str) -> str:
@@ -37,16 +50,25 @@ def image_tag_for(tag: str) -> str:
 
 
 def problems(tag: str | None = None) -> list[str]:
+    """Every disagreement: each chart's appVersion and version against pyproject.toml's version;
+    with a release ``tag``, also the tag and CHANGELOG.md's section for the version."""
     version = package_version()
     out = []
     for chart in CHARTS:
         found = app_version(chart)
         if found != version:
             out.append(f"{chart}/Chart.yaml: appVersion is {found!r}, pyproject.toml version is {version!r}")
+        chart_version = chart_field(chart, "version")
+        if chart_version != version:
+            out.append(
+                f"{chart}/Chart.yaml: version is {chart_version!r}, pyproject.toml version is {version!r}"
+            )
     if tag is not None and tag != f"v{version}":
         out.append(
             f"release tag {tag!r} is not 'v{version}' (pyproject.toml version and the charts' appVersion)"
         )
+    if tag is not None and not changelog_has(version):
+        out.append(f"CHANGELOG.md has no section '## {version}' (rename '## Unreleased' when you tag)")
     return out
 
 

@@ -152,10 +152,77 @@ The username the apiserver gives the scheduler's ServiceAccount token.
 {{- end }}
 
 {{/*
-Container image.
+Container image: repository@digest when image.digest is set (a release's packaged chart
+pins the digest it pushed), else repository:tag (tag default: the chart's appVersion).
 */}}
 {{- define "gpu-scheduler.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where a pod goes and what it pulls with: shared by every pod of the chart.
+
+imagePullSecrets: global.imagePullSecrets (a parent chart's, when this chart is a subchart;
+names or {name} objects) then imagePullSecrets, without duplicates.
+*/}}
+{{- define "gpu-scheduler.imagePullSecrets" -}}
+{{- $secrets := list }}
+{{- range concat (((.Values.global).imagePullSecrets) | default list) (.Values.imagePullSecrets | default list) }}
+{{- $secret := ternary (dict "name" .) . (kindIs "string" .) }}
+{{- if not (has $secret $secrets) }}
+{{- $secrets = append $secrets $secret }}
+{{- end }}
+{{- end }}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+affinity: the given one (`affinity`), plus a preferred node affinity for control-plane nodes
+(preferControlPlane) unless it has a nodeAffinity of its own, plus, when no affinity was
+given and `spread` holds selector labels, a preferred pod anti-affinity on the hostname.
+Call: include "gpu-scheduler.affinity" (dict "root" . "affinity" .Values.affinity "spread" $labels)
+*/}}
+{{- define "gpu-scheduler.affinity" -}}
+{{- $affinity := deepCopy (.affinity | default dict) }}
+{{- if and .root.Values.preferControlPlane (not (hasKey $affinity "nodeAffinity")) }}
+{{- $term := dict "key" "node-role.kubernetes.io/control-plane" "operator" "Exists" }}
+{{- $_ := set $affinity "nodeAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "preference" (dict "matchExpressions" (list $term))))) }}
+{{- end }}
+{{- if and (not .affinity) .spread }}
+{{- $term := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (dict "matchLabels" .spread) }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints: each given constraint, with the pods' selector labels as its
+labelSelector when it names none (as cert-manager's chart does).
+Call: include "gpu-scheduler.topologySpread" (dict "constraints" .Values.topologySpreadConstraints "selector" $labels)
+*/}}
+{{- define "gpu-scheduler.topologySpread" -}}
+{{- $constraints := list }}
+{{- range .constraints }}
+{{- if hasKey . "labelSelector" }}
+{{- $constraints = append $constraints . }}
+{{- else }}
+{{- $constraints = append $constraints (merge (dict "labelSelector" (dict "matchLabels" (deepCopy $.selector))) (deepCopy .)) }}
+{{- end }}
+{{- end }}
+{{- with $constraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -533,7 +600,11 @@ Image of the helm test pods.
 */}}
 {{- define "gpu-scheduler.testImage" -}}
 {{- $img := .Values.tests.image }}
+{{- if or $img.repository $img.tag }}
 {{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- else }}
+{{- include "gpu-scheduler.image" . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -543,14 +614,11 @@ Pod-level settings shared by the helm test pods.
 restartPolicy: Never
 automountServiceAccountToken: false
 enableServiceLinks: false
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "gpu-scheduler.imagePullSecrets" . }}
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
-{{- /* Where the scheduler and the webhook run (control-plane nodes by default): the test
-       pods check them from there, on a node that really runs pods. */}}
+{{- /* Where the scheduler and the webhook run (control-plane nodes preferred by default): the
+       test pods check them from there, on a node that really runs pods. */}}
 {{- with .Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -559,6 +627,7 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- include "gpu-scheduler.affinity" (dict "root" . "affinity" .Values.affinity) }}
 {{- end }}
 
 {{/*

@@ -116,7 +116,29 @@ ServiceAccount name of the check pods.
 Container image.
 */}}
 {{- define "gpu-scheduler-check.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+imagePullSecrets: global.imagePullSecrets (a parent chart's; names or {name} objects) then
+imagePullSecrets, without duplicates; at the pod spec's indentation.
+*/}}
+{{- define "gpu-scheduler-check.imagePullSecrets" -}}
+{{- $secrets := list }}
+{{- range concat (((.Values.global).imagePullSecrets) | default list) (.Values.imagePullSecrets | default list) }}
+{{- $secret := ternary (dict "name" .) . (kindIs "string" .) }}
+{{- if not (has $secret $secrets) }}
+{{- $secrets = append $secrets $secret }}
+{{- end }}
+{{- end }}
+{{- with $secrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -124,7 +146,11 @@ Image of the helm test pod.
 */}}
 {{- define "gpu-scheduler-check.testImage" -}}
 {{- $img := .Values.tests.image }}
+{{- if or $img.repository $img.tag }}
 {{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- else }}
+{{- include "gpu-scheduler-check.image" . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -175,9 +201,10 @@ argocd.argoproj.io/sync-wave: "0"
 {{- end }}
 
 {{/*
-Placement of the hook pods (hookPods): nodeSelector and tolerations, at the pod spec's
-indentation. They only call the API, so they go where the scheduler and the webhook run
-(control-plane nodes by default), never to the GPU nodes the map names.
+Placement of the hook pods (hookPods): nodeSelector, tolerations and affinity, at the pod
+spec's indentation. They only call the API, so they go where the scheduler and the webhook
+run (control-plane nodes preferred by default, never required), never to the GPU nodes the
+map names.
 */}}
 {{- define "gpu-scheduler-check.hookPodPlacement" -}}
 {{- with .Values.hookPods.nodeSelector }}
@@ -187,6 +214,16 @@ nodeSelector:
 {{- with .Values.hookPods.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.hookPods.preferControlPlane }}
+affinity:
+  nodeAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        preference:
+          matchExpressions:
+            - key: node-role.kubernetes.io/control-plane
+              operator: Exists
 {{- end }}
 {{- end }}
 

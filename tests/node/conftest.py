@@ -195,3 +195,14 @@ def node_namespace(node_cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# Releases pushed to a real OCI registry (tests/node/fixtures_release.py).
+from tests.node.fixtures_release import (  # noqa: E402
+    current_release,
+    node_registry,
+    previous_release,
+    registry,
+)
+
+__all__ = ["current_release", "node_registry", "previous_release", "registry"]

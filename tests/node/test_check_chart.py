@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from localcluster.node import NODE_NAME
-from localcluster.release import CHECK_CHART, install_chart
+from localcluster.release import CHECK_CHART, REAL_NODE_PLACEMENT, install_chart
 from tests.node.conftest import Product
 from tests.support import fakenvml
 from tests.support.waiting import wait_for
@@ -61,6 +61,7 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(
         "tolerations": [
             {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
         ],
+        **REAL_NODE_PLACEMENT[CHECK_CHART],
         "check": {
             "intervalSeconds": 2,
             "extraEnv": [

@@ -18,7 +18,7 @@ At the end every replica is placed with its devices, and no pod seen without the
 from __future__ import annotations
 
 import json
-import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,46 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from localcluster.cluster import Cluster
 from localcluster.image import Image
+from localcluster.publish import Release as Published
+from localcluster.registry import Registry
 from localcluster.release import REPO, SCHEDULER_CHART, install_chart, product_values, release_status
 from localcluster.webhook_host import make_certs
 from tests.node.conftest import RELEASE, SYSTEM_NS, Product
 from tests.node.test_product import BoundSampler, _dry_run_pod, _env, _expected, _pods, _statefulset
 from tests.support.waiting import wait_for
 
-# The previous release of the chart: `helm upgrade` starts from the chart as of this commit.
-# Bump it to the commit (or tag) of the last release whenever one is made
-# (`git rev-parse --short v<version>`); it must be an ancestor of main, and the checkout must
-# have it (the CI test job clones the whole history, GIT_DEPTH 0; a shallow clone fails below,
-# saying so).
-PREVIOUS_RELEASE = "319fe1c"
-
 ENTRIES = [f"{i}=node{i // 4 + 1}:{i % 4}" for i in range(12)]
-
-
-def _git(*args: str, **kw: Any) -> subprocess.CompletedProcess[Any]:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=False, **kw)
-
-
-@pytest.fixture(scope="module")
-def previous_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """gpu-scheduler-chart as of PREVIOUS_RELEASE, extracted from git."""
-    if _git("cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}", capture_output=True).returncode != 0:
-        shallow = _git("rev-parse", "--is-shallow-repository", capture_output=True, text=True).stdout.strip()
-        pytest.fail(
-            f"the previous release's chart is at commit {PREVIOUS_RELEASE}, which this checkout does "
-            f"not have (shallow clone: {shallow}): fetch the whole history (`git fetch --unshallow`; "
-            "in GitLab CI GIT_DEPTH: 0) or bump PREVIOUS_RELEASE in tests/node/test_upgrades.py"
-        )
-    out = tmp_path_factory.mktemp("previous-chart")
-    archive = _git("archive", "--format=tar", PREVIOUS_RELEASE, SCHEDULER_CHART, capture_output=True)
-    assert archive.returncode == 0, archive.stderr
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
-    chart = out / SCHEDULER_CHART
-    assert (chart / "Chart.yaml").is_file(), sorted(out.rglob("*"))
-    return chart
 
 
 @dataclass(frozen=True)
@@ -99,6 +72,30 @@ class Release:
         self.uninstall()
         install_chart(self.cluster, RELEASE, SYSTEM_NS, self.values(mode), chart)
         self.product.wait_serving(webhook=mode == "webhook")
+
+    def from_registry(self, release: Published, values: dict[str, Any], *, install: bool = False) -> None:
+        """``helm install`` (a fresh revision 1) or ``helm upgrade`` to ``oci://.../gpu-scheduler
+        --version <release>``, with ``values`` and the chart's own image (pulled by digest)."""
+        if install:
+            self.uninstall()
+        values = {k: v for k, v in values.items() if k != "image"}
+        chart = release.charts["gpu-scheduler"]
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+            yaml.safe_dump(values, f)
+            f.flush()
+            self.cluster.helm(
+                "install" if install else "upgrade", RELEASE, chart.ref, "--version", chart.version,
+                "--plain-http", "-n", SYSTEM_NS, "-f", f.name,
+            )  # fmt: skip
+
+    def image_ids(self) -> set[str]:
+        """The images (by digest) the release's ready pods run."""
+        return {
+            cs["imageID"]
+            for p in self.product.pods()
+            for cs in p["status"].get("containerStatuses") or []
+            if cs.get("ready")
+        }
 
     def uninstall(self) -> None:
         if release_status(self.cluster, RELEASE, SYSTEM_NS) is not None:
@@ -297,25 +294,45 @@ class Transition:
 
 
 def test_helm_upgrade_from_the_previous_release_and_rollback_under_a_burst(
-    release: Release, previous_chart: Path, node_namespace: str
+    release: Release,
+    node_registry: Registry,
+    previous_release: Published,
+    current_release: Published,
+    node_namespace: str,
 ) -> None:
-    release.install("webhook", previous_chart)
+    """N-1 and N as users get them: both pushed to a registry (fixtures_release.py), installed
+    and upgraded from it (``oci://``), each chart with its own image, pulled by digest."""
+    assert previous_release.version != current_release.version
+    release.from_registry(previous_release, release.values("webhook"), install=True)
+    release.product.wait_serving()
+
+    def runs(published: Published) -> bool:
+        ids = release.image_ids()
+        return bool(ids) and all(i.endswith(published.digest) for i in ids)
+
+    wait_for(
+        lambda: runs(previous_release), timeout=120, what=f"the pods on {previous_release.version}'s image"
+    )
     with Transition(release.cluster, node_namespace) as t:
-        # The working tree's chart, with values that roll both Deployments (as a new image does).
+        # N, with values that roll both Deployments (as a new image does anyway).
         t.mark("upgrade")
-        install_chart(
-            release.cluster,
-            RELEASE,
-            SYSTEM_NS,
+        release.from_registry(
+            current_release,
             release.values("webhook", scheduler={"logLevel": "DEBUG"}, webhook={"logLevel": "DEBUG"}),
         )
         release.product.rollout()
         release.product.wait_serving()
+        wait_for(
+            lambda: runs(current_release), timeout=180, what=f"the pods on {current_release.version}'s image"
+        )
         t.settle()
         t.mark("rollback")
         release.helm("rollback", RELEASE, "1")
         release.product.rollout()
         release.product.wait_serving()
+        wait_for(
+            lambda: runs(previous_release), timeout=180, what=f"the pods back on {previous_release.version}'s"
+        )
         t.settle()
     t.check()
     missing = t.without_devices()
@@ -324,6 +341,12 @@ def test_helm_upgrade_from_the_previous_release_and_rollback_under_a_burst(
     )
     assert t.sampler.unmutated == {}, t.sampler.unmutated
     assert [r for r, _ in release.history()] == [1, 2, 3], release.history()
+    charts = json.loads(release.cluster.helm("history", RELEASE, "-n", SYSTEM_NS, "-o", "json").stdout)
+    assert [c["chart"] for c in charts] == [
+        f"gpu-scheduler-{previous_release.version}",
+        f"gpu-scheduler-{current_release.version}",
+        f"gpu-scheduler-{previous_release.version}",
+    ]
 
 
 def test_helm_upgrade_from_webhook_to_policy_in_one_step_and_rollback_under_a_burst(

@@ -19,7 +19,12 @@ APPSETS = {
     "complete": ARGOCD / "gpu-scheduler-complete-applicationset.yaml",
     "scheduler": ARGOCD / "gpu-scheduler-applicationset.yaml",
     "check": ARGOCD / "gpu-scheduler-check-applicationset.yaml",
+    "oci": ARGOCD / "gpu-scheduler-oci-applicationset.yaml",
 }
+# The ApplicationSets whose source is this Git repository (the OCI one: the released charts).
+GIT_APPSETS = {k: v for k, v in APPSETS.items() if k != "oci"}
+# What each released chart (oci://<registry>/<name>) is in this tree.
+OCI_CHARTS = {"gpu-scheduler": "gpu-scheduler-chart", "gpu-scheduler-check": "gpu-scheduler-check-chart"}
 SERVER = "https://kubernetes.default.svc"
 MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 NAMESPACES = {
@@ -133,6 +138,7 @@ def test_all_manifests_parse_and_lint() -> None:
         "gpu-scheduler-applicationset.yaml",
         "gpu-scheduler-check-applicationset.yaml",
         "local-cluster-secret.yaml",
+        "gpu-scheduler-oci-applicationset.yaml",
     }
     repo = ARGOCD.parent
     res = subprocess.run(
@@ -161,6 +167,12 @@ def test_cluster_secret(secret: dict[str, Any]) -> None:
     annotations = secret["metadata"]["annotations"]
     assert annotations["gpu-scheduler.io/repo-url"].startswith("https://")
     assert annotations["gpu-scheduler.io/target-revision"]
+    # The released charts: the registry CI pushes them to, and a version that is released.
+    assert (
+        annotations["gpu-scheduler.io/chart-registry"]
+        == "oci://registry.gitlab.com/evgenii19/gpu-scheduler/charts"
+    )
+    assert re.fullmatch(r"\d+\.\d+\.\d+", annotations["gpu-scheduler.io/chart-version"])
 
 
 @pytest.mark.parametrize("name", APPSETS)
@@ -192,7 +204,8 @@ def clusters_generator(appset: dict[str, Any]) -> dict[str, Any]:
 def test_cluster_generator_selects_gpu_enabled(name: str) -> None:
     gen = clusters_generator(load(APPSETS[name]))
     assert gen["selector"] == {"matchLabels": {"environment": "gpu-enabled"}}
-    assert set(gen["values"]) == {"repoURL", "targetRevision"}
+    want = {"chartRegistry", "chartVersion"} if name == "oci" else {"repoURL", "targetRevision"}
+    assert set(gen["values"]) == want
 
 
 def test_complete_appset_orders_scheduler_before_check(secret: dict[str, Any]) -> None:
@@ -231,19 +244,30 @@ def test_generated_applications(name: str, secret: dict[str, Any], project: dict
     apps = generate(load(APPSETS[name]), secret)
     assert apps, "no Application generated for the local cluster Secret"
     allowed = {(d["server"], d["namespace"]) for d in project["spec"]["destinations"]}
+    annotations = secret["metadata"]["annotations"]
     for app in apps:
         src, dest = app["spec"]["source"], app["spec"]["destination"]
-        assert src["repoURL"] == secret["metadata"]["annotations"]["gpu-scheduler.io/repo-url"]
-        assert src["repoURL"] in project["spec"]["sourceRepos"]
-        assert src["targetRevision"] == secret["metadata"]["annotations"]["gpu-scheduler.io/target-revision"]
+        values = yaml.safe_load(src["helm"]["values"])
+        if name == "oci":
+            registry, _, released = src["repoURL"].rpartition("/")
+            assert registry == annotations["gpu-scheduler.io/chart-registry"]
+            assert f"{registry}/*" in project["spec"]["sourceRepos"]
+            assert src["targetRevision"] == annotations["gpu-scheduler.io/chart-version"]
+            assert src["path"] == "."
+            path = OCI_CHARTS[released]
+            assert "image" not in values  # each released chart pins the image it was released with
+        else:
+            assert src["repoURL"] == annotations["gpu-scheduler.io/repo-url"]
+            assert src["repoURL"] in project["spec"]["sourceRepos"]
+            assert src["targetRevision"] == annotations["gpu-scheduler.io/target-revision"]
+            path = src["path"]
         assert (dest["server"], dest["namespace"]) in allowed
-        assert dest["namespace"] == NAMESPACES[src["path"]]
+        assert dest["namespace"] == NAMESPACES[path]
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", app["metadata"]["name"])
         wave = app["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"]
-        assert wave == ("1" if src["path"] == "gpu-scheduler-chart" else "2")
+        assert wave == ("1" if path == "gpu-scheduler-chart" else "2")
         # The Helm values render with the chart (schema included).
-        values = yaml.safe_load(src["helm"]["values"])
-        chart = SCHEDULER_CHART if src["path"] == "gpu-scheduler-chart" else CHECK_CHART
+        chart = SCHEDULER_CHART if path == "gpu-scheduler-chart" else CHECK_CHART
         docs = render(chart, values=values, release=src["helm"]["releaseName"], namespace=dest["namespace"])
         assert docs
 
@@ -297,8 +321,12 @@ def test_webhook_mode_ignores_the_ca_bundle_cert_manager_injects(secret: dict[st
 
 def test_project(project: dict[str, Any], secret: dict[str, Any]) -> None:
     spec = project["spec"]
-    assert spec["sourceRepos"] == [secret["metadata"]["annotations"]["gpu-scheduler.io/repo-url"]]
-    assert "*" not in str(spec["sourceRepos"]) + str(spec["destinations"])
+    annotations = secret["metadata"]["annotations"]
+    assert spec["sourceRepos"] == [
+        annotations["gpu-scheduler.io/repo-url"],
+        annotations["gpu-scheduler.io/chart-registry"] + "/*",  # the released charts only
+    ]
+    assert "*" not in str(spec["sourceRepos"][0]) + str(spec["destinations"])
     assert sorted(spec["destinations"], key=lambda d: d["namespace"]) == [
         {"server": SERVER, "namespace": "gpu-scheduler-system"},
         {"server": SERVER, "namespace": "gpu-scheduler-tests"},
@@ -373,7 +401,7 @@ def test_validate_script_pins_the_argocd_version() -> None:
     assert "go mod download" in script
 
 
-@pytest.mark.parametrize("name", sorted(APPSETS))
+@pytest.mark.parametrize("name", sorted(GIT_APPSETS))
 def test_the_local_rewrite_changes_only_the_repository_and_the_image(
     name: str, secret: dict[str, Any]
 ) -> None:
@@ -381,6 +409,7 @@ def test_the_local_rewrite_changes_only_the_repository_and_the_image(
     apply, with the image of this tree where argocd/README.md says to set one (each Application's
     Helm values) and nothing else of them changed."""
     from localcluster.gitops import argocd_manifest
+    from localcluster.release import REAL_NODE_PLACEMENT
 
     ref = "localhost/gpu-scheduler:dev-0123456789ab"
     (original,) = [d for d in yaml.safe_load_all(APPSETS[name].read_text()) if d]
@@ -396,6 +425,10 @@ def test_the_local_rewrite_changes_only_the_repository_and_the_image(
             "pullPolicy": "Never",
         }
         old_values.pop("image")
+        # And the pods that must run go to the real node, the one the image is on.
+        chart = app["spec"]["source"]["path"]
+        for key, placement in REAL_NODE_PLACEMENT[chart].items():
+            assert values.pop(key) == placement
         assert values == old_values
         for a in (app, old):
             del a["spec"]["source"]["helm"]["values"]
@@ -418,3 +451,22 @@ def test_every_namespace_the_check_chart_writes_to_is_a_project_destination(proj
     written = {d["metadata"].get("namespace") for d in docs}
     assert "gpu-scheduler-system" in written, written  # the Lease Role
     assert written <= allowed, (written, allowed)
+
+
+def test_the_oci_appset_orders_the_released_charts_as_the_complete_one(secret: dict[str, Any]) -> None:
+    """The same RollingSync steps, waves, sync policy and values (less the image) as the Git
+    ApplicationSet: only the source differs."""
+    oci, git = load(APPSETS["oci"]), load(APPSETS["complete"])
+    assert oci["spec"]["strategy"] == git["spec"]["strategy"]
+    oci_apps = {a["metadata"]["labels"]["gpu-scheduler.io/rollout-step"]: a for a in generate(oci, secret)}
+    git_apps = {a["metadata"]["labels"]["gpu-scheduler.io/rollout-step"]: a for a in generate(git, secret)}
+    assert set(oci_apps) == set(git_apps) == {"scheduler", "check"}
+    for step, app in oci_apps.items():
+        other = git_apps[step]
+        assert app["metadata"] == other["metadata"]
+        for key in ("project", "destination", "ignoreDifferences"):
+            assert app["spec"][key] == other["spec"][key], key
+        assert app["spec"]["syncPolicy"]["syncOptions"] == other["spec"]["syncPolicy"]["syncOptions"]
+        values, git_values = (yaml.safe_load(a["spec"]["source"]["helm"]["values"]) for a in (app, other))
+        git_values.pop("image")
+        assert values == git_values

@@ -317,30 +317,44 @@ def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() ->
 def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() -> None:
     """The hook pods (the verification pod: helm test and Argo CD Sync hook; Helm's
     pre-install/pre-upgrade wait-ready pod) only call the API: by default they go where
-    gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes, their
-    NoSchedule taint tolerated), never to the GPU nodes; the StatefulSet keeps its own
-    tolerations and no nodeSelector (the map places it)."""
+    gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes preferred, never
+    required, their NoSchedule taint tolerated); the StatefulSet keeps its own tolerations and
+    no nodeSelector (the map places it)."""
     control_plane = [
         {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
     ]
+    prefer = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                        ]
+                    },
+                }
+            ]
+        }
+    }
     docs = render(CHART)
     hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
     assert {p["spec"]["containers"][0]["args"][0] for p in hook_pods} == {"verify-release", "wait-ready"}
     for pod in hook_pods:
-        assert pod["spec"]["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+        assert "nodeSelector" not in pod["spec"]  # a managed cluster has no control-plane node
+        assert pod["spec"]["affinity"] == prefer
         assert pod["spec"]["tolerations"] == control_plane
     spec = pod_spec(sts(docs))
-    assert "nodeSelector" not in spec and "tolerations" not in spec
-    # Where no control-plane node is visible (a managed control plane): turned off. A map
-    # is merged with the default (`{}` keeps it): null removes it.
-    off = find(render(CHART, values={"hookPods": {"nodeSelector": None, "tolerations": []}}), "Pod")
-    assert len(off) == len(hook_pods)
-    assert all("nodeSelector" not in p["spec"] and "tolerations" not in p["spec"] for p in off)
-    other = {"hookPods": {"nodeSelector": {"node-role.kubernetes.io/control-plane": None, "pool": "system"}}}
-    assert [p["spec"]["nodeSelector"] for p in find(render(CHART, values=other), "Pod")] == [
-        {"pool": "system"}
+    assert "nodeSelector" not in spec and "tolerations" not in spec and "affinity" not in spec
+    # Requiring control-plane nodes (as before 0.2.0), or another pool; the preference off.
+    required = {"hookPods": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}
+    assert [p["spec"]["nodeSelector"] for p in find(render(CHART, values=required), "Pod")] == [
+        {"node-role.kubernetes.io/control-plane": ""}
     ] * len(hook_pods)
+    off = find(render(CHART, values={"hookPods": {"preferControlPlane": False, "tolerations": []}}), "Pod")
+    assert len(off) == len(hook_pods)
+    assert all(not {"nodeSelector", "tolerations", "affinity"} & set(p["spec"]) for p in off)
     res = template(CHART, values={"hookPods": {"nodeselector": {}}})
     assert res.returncode != 0 and "nodeselector" in res.stderr
 

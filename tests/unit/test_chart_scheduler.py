@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.charts import (
     KUBE_VERSIONS,
@@ -46,6 +47,23 @@ TEST_SELECTOR = {
     "app.kubernetes.io/name": "gpu-scheduler-test",
     "app.kubernetes.io/instance": REL,
     "app.kubernetes.io/component": "test",
+}
+
+
+# The chart's default placement: control-plane nodes preferred (preferControlPlane), never required.
+PREFER_CONTROL_PLANE = {
+    "nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 100,
+                "preference": {
+                    "matchExpressions": [
+                        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                    ]
+                },
+            }
+        ]
+    }
 }
 
 
@@ -148,11 +166,20 @@ def test_schema_rejects_bad_values(bad: str) -> None:
     assert template(CHART, set_args=[bad]).returncode != 0
 
 
+# `global` is the one open object: a parent chart's globals (any keys of its own) reach every
+# subchart, and a schema closing it would refuse them (docs/charts.md "As a subchart").
+OPEN_OBJECTS = {"$.properties.global"}
+
+
 def walk_schema(node: Any, path: str = "$") -> list[str]:
     """Object schemas with named properties that do not forbid other keys."""
     bad: list[str] = []
     if isinstance(node, dict):
-        if "properties" in node and node.get("additionalProperties") is not False:
+        if (
+            "properties" in node
+            and node.get("additionalProperties") is not False
+            and path not in OPEN_OBJECTS
+        ):
             bad.append(path)
         for key, value in node.items():
             bad += walk_schema(value, f"{path}.{key}")
@@ -292,7 +319,8 @@ def test_scheduler_container() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     spec = pod_spec(dep)
     assert spec["serviceAccountName"] == FULL
-    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert "nodeSelector" not in spec  # control-plane nodes preferred, never required
+    assert spec["affinity"] == PREFER_CONTROL_PLANE
     assert {t["key"] for t in spec["tolerations"]} == {
         "node-role.kubernetes.io/control-plane",
         "node-role.kubernetes.io/master",
@@ -336,9 +364,10 @@ def test_scheduler_rollout_may_evict_other_workloads_only_when_asked(
 
 def test_image_defaults_to_app_version_and_can_be_pinned() -> None:
     dep = one(render(CHART), "Deployment")
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert (
         container(dep, "scheduler")["image"]
-        == "registry.gitlab.com/evgenii19/gpu-scheduler/gpu-scheduler:0.1.0"
+        == f"registry.gitlab.com/evgenii19/gpu-scheduler/gpu-scheduler:{app_version}"
     )
     dep = one(
         render(
@@ -490,7 +519,10 @@ def test_webhook_deployment_container_and_service() -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == f"{WEBHOOK}-tls"
     assert spec["automountServiceAccountToken"] is True
-    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert (
+        "nodeSelector" not in spec
+        and spec["affinity"]["nodeAffinity"] == PREFER_CONTROL_PLANE["nodeAffinity"]
+    )
     assert "checksum/webhook-tls" in dep["spec"]["template"]["metadata"]["annotations"]
     svc = one(docs, "Service", WEBHOOK)
     assert svc["spec"]["ports"] == [
@@ -511,13 +543,13 @@ def test_webhook_replicas_pdb_and_anti_affinity() -> None:
         "topologyKey": "kubernetes.io/hostname",
         "labelSelector": {"matchLabels": WEBHOOK_SELECTOR},
     }
-    # The scheduler (1 replica) gets neither.
+    # The scheduler (1 replica) gets neither (only the control-plane preference).
     assert not find(docs, "PodDisruptionBudget", FULL)
-    assert "affinity" not in pod_spec(scheduler_deployment(docs))
+    assert pod_spec(scheduler_deployment(docs))["affinity"] == PREFER_CONTROL_PLANE
     # One webhook replica: no PDB, no anti-affinity; an explicit affinity wins.
     docs = render(CHART, values=webhook_values(replicaCount=1))
     assert not find(docs, "PodDisruptionBudget")
-    assert "affinity" not in pod_spec(webhook_deployment(docs))
+    assert pod_spec(webhook_deployment(docs))["affinity"] == PREFER_CONTROL_PLANE
     aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
     docs = render(CHART, values=webhook_values(affinity=aff))
     assert pod_spec(webhook_deployment(docs))["affinity"] == aff
@@ -991,10 +1023,12 @@ def test_ha_scenario_has_pdb_and_anti_affinity() -> None:
     assert webhook_deployment(docs)["spec"]["replicas"] == 2
 
 
-def test_single_replica_has_no_pdb_and_no_affinity() -> None:
+def test_single_replica_has_no_pdb_and_no_anti_affinity() -> None:
     docs = render(CHART)
     assert not find(docs, "PodDisruptionBudget")
-    assert "affinity" not in pod_spec(one(docs, "Deployment"))
+    assert pod_spec(one(docs, "Deployment"))["affinity"] == PREFER_CONTROL_PLANE
+    off = render(CHART, values={"preferControlPlane": False})
+    assert "affinity" not in pod_spec(one(off, "Deployment"))
 
 
 def test_explicit_affinity_wins() -> None:
