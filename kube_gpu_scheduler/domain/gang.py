@@ -38,6 +38,10 @@ def is_gang(obj: Mapping[str, Any] | None) -> bool:
     return Meta(obj).annotations.get(GANG_ANNOTATION) == "true"
 
 
+# The UID prefix of a replica not created yet whose GPUs the scheduler holds for its gang.
+PHANTOM = "gang:"
+
+
 @dataclass(frozen=True)
 class GangKey:
     """One map revision of one StatefulSet: the gang a pod belongs to."""

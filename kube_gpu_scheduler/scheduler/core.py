@@ -183,6 +183,7 @@ class Scheduler:
         """Tenancy's checks, the namespaces injection serves, and their informers' controller."""
         self.tenancy, self.scope = tenancy, scope
         self.placement.limit = tenancy.limit if tenancy is not None else None
+        self.gangs.limit = tenancy.limit_all if tenancy is not None else None
         self.controllers.append(controller)
 
     def handlers(self) -> tuple[_Handler, _Handler, _Handler]:

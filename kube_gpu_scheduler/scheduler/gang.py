@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube_gpu_scheduler.domain.gang import (
+    PHANTOM,
     Blocked,
     GangKey,
     gang_finding,
@@ -110,6 +111,10 @@ class Gangs:
         self._enqueue = enqueue
         self._metrics = metrics
         self._clock = clock
+        # Tenancy: the limits a gang's GPUs are checked against together (None: off).
+        self.limit: Callable[[list[tuple[Mapping[str, Any], Entry]]], Callable[[], list[Blocked]]] | None = (
+            None
+        )
         self._lock = threading.Lock()
         self._members: dict[Owner, dict[int, str]] = {}  # gang pods by StatefulSet: ordinal -> key
         self._committed: set[GangKey] = set()  # a member of the revision is bound
@@ -253,7 +258,10 @@ class Gangs:
                 pending.append((_phantom(gang, ordinal), found.entry))
         if not blocked:
             claims = [(m, Claim.of(e.node, e.gpus)) for m, e in pending]
-            taken = self.ledger.reserve_all(claims, self._ours(gang))
+            limit = self.limit(pending) if self.limit is not None else None
+            taken, over = self.ledger.reserve_all_within(claims, self._ours(gang), limit)
+            if over:  # tenancy: the gang's GPUs together pass a policy's limit
+                return self._wait(pod, gang, decision, list(over), len(ordinals))
             if not taken:
                 with self._lock:
                     for m, e in pending:
@@ -349,9 +357,6 @@ class Gangs:
         if sts is None or Pod(sts).uid != gang.owner_uid:
             return _Replicas(now, None, None)
         return _Replicas(now, replica_ordinals(sts), Pod(sts).spec.get("podManagementPolicy"))
-
-
-PHANTOM = "gang:"  # the UID prefix of a replica not created yet whose GPUs are held for its gang
 
 
 def _phantom(gang: GangKey, ordinal: int) -> dict[str, Any]:

@@ -220,6 +220,18 @@ class Ledger:
         held by a pod outside ``claims`` for which ``ours(uid, key)`` is false (the gang's own
         members). Two gangs wanting one GPU thus never hold half of it each: whichever
         reserves first takes all it needs, the other takes nothing."""
+        return self.reserve_all_within(claims, ours, None)[0]
+
+    def reserve_all_within(
+        self,
+        claims: list[tuple[Mapping[str, Any], Claim]],
+        ours: Callable[[str, str], bool],
+        limit: Callable[[], Sequence[T]] | None,
+    ) -> tuple[list[tuple[str, GPU, str]], Sequence[T]]:
+        """:meth:`reserve_all`, and with ``limit`` only if taking every claim stays within the
+        limits: ``limit()`` runs under the lock (the gang's members counted together) and
+        returns its refusals. Returns ``(conflicts, refusals)``; when either is non-empty
+        nothing was taken."""
         uids = {Pod(pod).uid for pod, _ in claims}
         with self._lock:
             conflicts = [
@@ -230,12 +242,16 @@ class Ledger:
                 if other not in uids and not ours(other, key)
             ]
             if conflicts:
-                return conflicts
+                return conflicts, ()
+            if limit is not None:
+                refusals = limit()
+                if refusals:
+                    return [], refusals
             for pod, claim in claims:
                 uid = Pod(pod).uid
                 self._reserved[uid] = claim
                 self._set(uid, pod_key(pod), claim)
-            return []
+            return [], ()
 
     def hand_over(self, from_uid: str, pod: Mapping[str, Any]) -> bool:
         """Move a reservation held for a pod not created yet (``from_uid``) to ``pod``, at once:

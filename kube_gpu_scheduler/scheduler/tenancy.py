@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kube_gpu_scheduler.domain.gang import PHANTOM, Blocked
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.rules import (
     GPU_LIMIT_REACHED,
@@ -157,21 +158,35 @@ class Tenancy:
                 if p.selects_namespace(ns_labels)
             ]
             return [not_granted(namespace, entry, considered)]
-        want = len(entry.gpus) - already
+        return self._over(granting, product, entry, len(entry.gpus) - already, {}, ())
+
+    def _over(
+        self,
+        granting: Sequence[str],
+        product: str,
+        entry: Entry,
+        want: int,
+        added: dict[tuple[str, str], int],
+        before: Sequence[str],
+    ) -> list[Finding]:
+        """GPULimitReached per limit that ``want`` more GPUs on ``entry``'s node would pass, with
+        ``added`` (by policy and limit) taken by replicas ``before`` it that are not held yet (a
+        gang's); adds ``want`` to ``added`` (lock held)."""
         out = []
         for name in granting:
             held = self._held[name]
             for what, most in self._policies[name].limits(product):
-                counted = held.counted(what, product)
+                counted = held.counted(what, product) + added.get((name, what), 0)
                 if want > 0 and counted + want > most:
 
                     def counts(ns: str, node: str, name: str = name, what: str = what) -> bool:
                         place = self._place(ns, node)
                         return name in place[1] and (what == "spec.maxGPUs" or place[0] == product)
 
-                    holders = self.ledger.holdings(counts)
+                    holders = [*self.ledger.holdings(counts), *before]
                     self.on_refused(name)
                     out.append(limit_reached(name, what, most, product, counted, holders, entry, want))
+                added[(name, what)] = added.get((name, what), 0) + max(want, 0)
         return out
 
     def decide(self, pod: Mapping[str, Any], decision: Decision) -> Decision:
@@ -199,6 +214,37 @@ class Tenancy:
             if found:
                 self._wait(view.key)
             return found
+
+        return check
+
+    def limit_all(self, members: Sequence[tuple[Mapping[str, Any], Entry]]) -> Callable[[], list[Blocked]]:
+        """The check ``Ledger.reserve_all_within`` runs under its lock for a gang: its members'
+        GPUs counted together against each limit (each alone may fit where all do not)."""
+
+        def check() -> list[Blocked]:
+            self._ensure()
+            added: dict[tuple[str, str], int] = {}
+            before: list[str] = []
+            out: list[Blocked] = []
+            for pod, entry in members:
+                view = Pod(pod)
+                namespace = view.namespace or ""
+                own = self.ledger.claim(view.uid)
+                want = len(entry.gpus) - (len(own.gpus) if own is not None and own.node == entry.node else 0)
+                product, granting = self._place(namespace, entry.node)
+                found = (
+                    self._over(granting, product, entry, want, added, before)
+                    if granting
+                    else self._refusals(namespace, entry, 0)
+                )
+                out += [Blocked(entry.ordinal, entry, f.reason, f.message) for f in found]
+                if want > 0:
+                    before.append(f"{view.key} (this gang's, not bound yet)")
+            if out:
+                for pod, _ in members:
+                    if not Pod(pod).uid.startswith(PHANTOM):
+                        self._wait(Pod(pod).key)  # retried when GPUs are freed or a policy changes
+            return out
 
         return check
 

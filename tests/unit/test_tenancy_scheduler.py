@@ -14,7 +14,9 @@ import threading
 from typing import Any
 
 from kube_gpu_scheduler.domain import rules as R
+from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 from kube_gpu_scheduler.domain.injection import desired_env
+from kube_gpu_scheduler.domain.rules import GANG_WAITING
 from kube_gpu_scheduler.domain.schedmap import parse
 from kube_gpu_scheduler.domain.selectors import parse_selector
 from kube_gpu_scheduler.scheduler.optin import InjectionScope
@@ -259,3 +261,39 @@ def test_a_replica_admitted_without_its_variables_in_a_namespace_not_opted_in_wa
     w.sched.process(key)
     assert w.events.reasons()[-1] == R.NOT_INJECTED
     assert "it will be deleted so that StatefulSet w recreates it" in w.events.sent[-1][3]
+
+
+def test_a_gang_is_counted_whole_against_a_limit_each_of_its_replicas_would_fit() -> None:
+    """A gang (gpu-scheduler.io/gang) of three replicas of 2 GPUs under maxGPUs 4: each alone
+    fits, all three do not. Nothing is reserved (no half-placed gang holding a team's quota);
+    every member waits with GangWaiting naming the limit; raising it binds the gang."""
+    smap = "0=s1:0,1\n1=s1:2,3\n2=s2:0,1"
+    members = []
+    for i in range(3):
+        p = replica("ta", f"w-{i}", smap)
+        p["metadata"]["annotations"][GANG_ANNOTATION] = "true"
+        members.append(p)
+    old = policy("shared", "a", "shared", maxGPUs=4)
+    w = Tenants([], NODES, [old])
+    keys = [w.add(p) for p in members]
+    for p in members:
+        w.sched.gangs.observe(p)
+    for key in keys:
+        w.sched.process(key)
+    assert w.writer.binds == []
+    assert all(w.holders(n, g) == [] for n, g in (("s1", 0), ("s1", 2), ("s2", 0)))  # nothing reserved
+    notes = w.notes(GANG_WAITING)
+    assert len(notes) == 3, w.events.sent
+    assert all(
+        "replica 2 (2=s2:0,1): GPULimitReached: GPUPinningPolicy 'shared' allows 4 GPUs" in n for n in notes
+    ), notes
+    assert all("4 are held" in n and "ta/w-0 (this gang's, not bound yet)" in n for n in notes), notes
+    # The admin raises the limit: the gang is tried again and bound whole.
+    w.sched.queue._due.clear()
+    w.policies.objs["shared"] = policy("shared", "a", "shared", maxGPUs=6)
+    w.policies.objs["shared"]["metadata"]["generation"] = 2
+    w.tenancy.policy_changed(old, w.policies.objs["shared"])
+    while (key := w.sched.queue.get(timeout=0)) is not None:
+        w.sched.process(key)
+        w.sched.queue.done(key)
+    assert sorted(w.writer.binds) == [(keys[0], "s1"), (keys[1], "s1"), (keys[2], "s2")]
