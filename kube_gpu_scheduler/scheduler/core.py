@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from kube_gpu_scheduler.domain.gang import gang_of
 from kube_gpu_scheduler.domain.objects import Node, Pod
@@ -49,6 +49,7 @@ from kube_gpu_scheduler.scheduler.binding import PodWriter
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.gang import Gangs, Verdict
 from kube_gpu_scheduler.scheduler.health import SchedulerHealth
+from kube_gpu_scheduler.scheduler.interfaces import Cache, Controller, Handler, Watched
 from kube_gpu_scheduler.scheduler.leader import LeaderElector
 from kube_gpu_scheduler.scheduler.ledger import Ledger, pod_key
 from kube_gpu_scheduler.scheduler.lostnode import LostNodeReports, node_ready
@@ -72,35 +73,6 @@ log = logging.getLogger("gpu_scheduler")
 
 # A Binding within this many seconds means a burst is still going on (see Scheduler.placing).
 BURST_GAP_S = 1.0
-
-
-class Watched(Protocol):
-    """An informer as the scheduler starts, waits for and reports it."""
-
-    synced: threading.Event
-
-    def alive(self) -> bool: ...
-    def start(self, stop: threading.Event) -> threading.Thread: ...
-
-
-class Cache(Watched, Protocol):
-    """What the scheduler reads of an informer (``kube_gpu_scheduler.kube.informer.Informer``)."""
-
-    def get(self, key: str) -> Obj | None: ...
-    def items(self) -> list[Obj]: ...
-    def view(self) -> Mapping[str, Obj]: ...
-    def __len__(self) -> int: ...
-
-
-class Controller(Protocol):
-    """A controller beside the placement loop, on the same process's informers and leadership
-    (DRA mode's :class:`kube_gpu_scheduler.scheduler.dra.ClaimController`)."""
-
-    def caches(self) -> Mapping[str, Watched]: ...
-    def busy(self) -> bool: ...
-    def start_workers(self, stop: threading.Event) -> list[threading.Thread]: ...
-    def started_leading(self) -> None: ...
-    def shutdown(self) -> None: ...
 
 
 class Scheduler:
@@ -186,14 +158,14 @@ class Scheduler:
         self.gangs.limit = tenancy.limit_all if tenancy is not None else None
         self.controllers.append(controller)
 
-    def handlers(self) -> tuple[_Handler, _Handler, _Handler]:
+    def handlers(self) -> tuple[Handler, Handler, Handler]:
         """What the pods, the assigned-pods and the nodes informers call."""
         return (
-            _Handler(lambda pod: self._pod_changed(None, pod), self._pod_changed, self._pod_deleted),
-            _Handler(
+            Handler(lambda pod: self._pod_changed(None, pod), self._pod_changed, self._pod_deleted),
+            Handler(
                 self._assigned_changed, lambda old, new: self._assigned_changed(new), self._assigned_deleted
             ),
-            _Handler(self._node_changed, self._node_updated, self._node_changed),
+            Handler(self._node_changed, self._node_updated, self._node_changed),
         )
 
     # -- what the extender sees (kube_gpu_scheduler.scheduler.extender.Backend) --------------------------
@@ -503,10 +475,3 @@ class Scheduler:
             self.elector.release()
         self.events.stop(timeout=max(0.5, deadline - time.monotonic()))
         self.metrics.leader.set(0)
-
-
-class _Handler:
-    def __init__(self, add: Any, update: Any, delete: Any) -> None:
-        self.on_add = add
-        self.on_update = update
-        self.on_delete = delete

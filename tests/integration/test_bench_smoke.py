@@ -28,6 +28,9 @@ from localcluster.cluster import Cluster
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.slow(
+    reason="every make bench arm, each with its own control plane start, at the smoke scale", budget=300
+)
 def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     workdir = tmp_path / "work"

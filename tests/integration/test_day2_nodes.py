@@ -217,6 +217,9 @@ def test_a_drained_node_s_replica_waits_for_uncordon_and_comes_back_to_its_gpus(
         _running(kube, namespace, "w-0", a, not_uid=uids["w-0"])
 
 
+@pytest.mark.slow(
+    reason="the node's deletion, the controller's grace periods and its registration again", budget=240
+)
 def test_a_deleted_node_s_replica_waits_for_the_node_to_register_again(
     cluster: Cluster, namespace: str, kube: Any, patient: ManagedProcess, own_node: Callable[..., str]
 ) -> None:

@@ -57,6 +57,9 @@ def run_demo(args: list[str], timeout: float) -> subprocess.CompletedProcess[str
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+@pytest.mark.slow(
+    reason="the whole make demo on the real node; DRA mode installs NVIDIA's driver chart too", budget=300
+)
 @pytest.mark.parametrize("mode", ["policy", "webhook", "dra"])
 def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
     """`make demo` (policy mode, the chart's default), `make demo DEMO_ARGS=--webhook` and

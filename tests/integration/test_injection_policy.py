@@ -531,6 +531,9 @@ def requests_for(index: int, text: str, r: random.Random) -> list[tuple[str, Inj
     return out
 
 
+@pytest.mark.slow(
+    reason="10,000 generated maps, each admitted by the real apiserver in every injection mode", budget=900
+)
 def test_generated_maps_agree_with_the_parser(apiserver: Apiserver) -> None:
     r = random.Random(SEED)
     texts = list(corpus(SEED, GENERATED_MAPS))
@@ -711,6 +714,9 @@ def admission_time(apiserver: Apiserver, obj: dict[str, Any], rounds: int = 10) 
     return (time.monotonic() - started) / rounds
 
 
+@pytest.mark.slow(
+    reason="256 KiB maps through every policy, ten rounds each, for the CEL cost limits", budget=600
+)
 def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver) -> None:
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
     largest = large_map(limit)
@@ -743,6 +749,7 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
     assert len(smap) > 6000
 
 
+@pytest.mark.slow(reason="the largest malformed maps through every policy", budget=360)
 def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver) -> None:
     """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits."""
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())

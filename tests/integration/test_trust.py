@@ -440,6 +440,7 @@ def _idle_connections(port: int, count: int, tls: bool) -> list[socket.socket]:
     return out
 
 
+@pytest.mark.slow(reason="a soak: restarts under a connection flood for a fixed time", budget=240)
 def test_soak_webhook_and_scheduler_restarts_under_an_idle_connection_flood(
     cluster: Cluster,
     namespace: str,

@@ -39,6 +39,9 @@ def _pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any
     return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
+@pytest.mark.slow(
+    reason="real Argo CD syncs both steps onto the real node, each with its image's pods", budget=360
+)
 @pytest.mark.parametrize("mode", ["policy", "webhook"])
 def test_argocd_syncs_the_product_onto_the_real_node(tmp_path: Path, product_image: Image, mode: str) -> None:
     webhook = mode == "webhook"

@@ -74,6 +74,7 @@ def _run_once(workdir: Path, image: Image) -> None:
         c.stop()
 
 
+@pytest.mark.slow(reason="the real node stopped and started again", budget=240)
 def test_stopping_the_node_gives_the_host_back_and_a_second_run_works(
     tmp_path: Path, product_image: Image
 ) -> None:

@@ -293,6 +293,10 @@ class Transition:
         assert len(self.probe.results) > 20, f"only {len(self.probe.results)} admissions were probed"
 
 
+@pytest.mark.slow(
+    reason="two releases pushed to the registry, pulled by the kubelet, upgraded and rolled back under a burst",
+    budget=300,
+)
 def test_helm_upgrade_from_the_previous_release_and_rollback_under_a_burst(
     release: Release,
     node_registry: Registry,
@@ -349,6 +353,7 @@ def test_helm_upgrade_from_the_previous_release_and_rollback_under_a_burst(
     ]
 
 
+@pytest.mark.slow(reason="helm upgrade and rollback on the real node under a burst", budget=240)
 def test_helm_upgrade_from_webhook_to_policy_in_one_step_and_rollback_under_a_burst(
     release: Release, node_namespace: str
 ) -> None:
@@ -379,6 +384,7 @@ def test_helm_upgrade_from_webhook_to_policy_in_one_step_and_rollback_under_a_bu
     assert [r for r, _ in release.history()] == [1, 2, 3], release.history()
 
 
+@pytest.mark.slow(reason="four helm upgrades on the real node, each rolling the pods", budget=300)
 def test_helm_upgrade_from_webhook_to_policy_in_two_steps_and_back_admits_nothing_without_devices(
     release: Release, node_namespace: str
 ) -> None:

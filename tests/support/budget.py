@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-CALL_BUDGET = 60.0
-FIXTURE_BUDGET = 150.0
+CALL_BUDGET = 120.0
+FIXTURE_BUDGET = 300.0
 MARK = "slow"
 
 

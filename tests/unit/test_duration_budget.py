@@ -131,4 +131,4 @@ def test_the_suite_registers_the_budget() -> None:
 
     assert "tests.support.budget" in conftest.pytest_plugins
     assert "--durations=20" in (REPO / "pyproject.toml").read_text()
-    assert budget.CALL_BUDGET == 60 and budget.FIXTURE_BUDGET >= budget.CALL_BUDGET
+    assert budget.CALL_BUDGET == 120 and budget.FIXTURE_BUDGET >= budget.CALL_BUDGET

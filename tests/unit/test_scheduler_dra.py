@@ -32,9 +32,10 @@ from kube_gpu_scheduler.kube.informer import Handler, object_key
 from kube_gpu_scheduler.scheduler.binding import PodWriter
 from kube_gpu_scheduler.scheduler.claimindex import Relation
 from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
-from kube_gpu_scheduler.scheduler.core import Cache, Scheduler
+from kube_gpu_scheduler.scheduler.core import Scheduler
 from kube_gpu_scheduler.scheduler.dra import ClaimController, Next
 from kube_gpu_scheduler.scheduler.events import EventRecorder
+from kube_gpu_scheduler.scheduler.interfaces import Cache
 from kube_gpu_scheduler.scheduler.settings import Settings
 from localcluster import dra as localdra
 

@@ -244,15 +244,23 @@ def test_pod_signature_ignores_status_and_our_own_writes() -> None:
 
 def test_every_metric_is_in_the_docs_metrics_table() -> None:
     """docs/scheduler.md's metrics table lists every metric the scheduler can serve (its own, the
-    extender's, DRA mode's claim controller's), and nothing that is not served."""
+    extender's, DRA mode's claim controller's, tenancy's), and nothing that is not served."""
     from pathlib import Path
 
     from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
     from kube_gpu_scheduler.scheduler.extender import ExtenderMetrics
+    from kube_gpu_scheduler.scheduler.ledger import Ledger
+    from kube_gpu_scheduler.scheduler.policystatus import TenancyController
+    from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
 
     metrics = Metrics()
     ExtenderMetrics(metrics)
     ClaimMetrics(metrics)
+    # Tenancy's families (tenancy.enabled): a policy's counts, its refusals.
+    one = Lookup(lambda name: None, lambda name: None, lambda: [{"metadata": {"name": "p"}, "spec": {}}])
+    TenancyController(
+        Tenancy(Ledger(), one, lambda key: None), None, lambda: False, list, None, metrics.registry
+    )  # type: ignore[arg-type]
     served = {
         f"{family.name}_total" if family.type == "counter" else family.name
         for family in metrics.registry.collect()

