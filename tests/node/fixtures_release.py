@@ -39,7 +39,11 @@ def _git(*args: str, **kw: object) -> subprocess.CompletedProcess[bytes]:
 
 def previous_tree(out: Path) -> Path:
     """PREVIOUS_RELEASE's tree, extracted from git into ``out``."""
-    if _git("cat-file", "-e", f"{PREVIOUS_RELEASE}^{{commit}}").returncode != 0:
+    have = f"{PREVIOUS_RELEASE}^{{commit}}"
+    if _git("cat-file", "-e", have).returncode != 0 and _git("remote").stdout.strip():
+        # A shallow clone (CI's, a --depth 1 checkout): its remote has the history.
+        _git("fetch", "--quiet", "--unshallow", timeout=300)
+    if _git("cat-file", "-e", have).returncode != 0:
         shallow = _git("rev-parse", "--is-shallow-repository").stdout.decode().strip()
         pytest.fail(
             f"the previous release is commit {PREVIOUS_RELEASE}, which this checkout does not have "
