@@ -45,7 +45,7 @@ test: venv tools image ## Before a commit (and CI): the whole suite (unit + loca
 # The unit tests: no control plane, no real node, no fresh install of the wheel (those run in
 # `make test`); they need helm, ct, kube-score and NVIDIA's container toolkit, nothing else.
 test-unit: venv unit-tools ## While developing: the tests that need no control plane (tests/unit, tests/gpu), a few minutes
-	$(PY) -m pytest -m 'not cluster' tests/unit tests/gpu $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST_ARGS) -m 'not cluster and not install' tests/unit tests/gpu $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .

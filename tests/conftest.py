@@ -34,6 +34,9 @@ pytest_plugins = [
 ]
 
 CLUSTER_FIXTURES = {"cluster", "namespace", "kube", "node_cluster", "product", "product_image"}
+# A fresh install of the wheel (and its dependencies, from the index): make test runs these,
+# make test-unit does not.
+INSTALL_FIXTURES = {"wheel_venv", "image_venv"}
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -101,6 +104,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+        if INSTALL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.install)
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the real node's tests first
         items.sort(key=lambda item: work_unit(item.nodeid) != REAL_NODE_GROUP)
 
