@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from localcluster.network import free_port
 from localcluster.procs import ManagedProcess
 from localcluster.toolcache import REPO, tool
 
@@ -34,12 +34,6 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.docker.distribution.manifest.list.v2+json",
     )
 )
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def config_yaml(storage: Path, port: int) -> str:
@@ -75,7 +69,7 @@ class Registry:
     def start(cls, workdir: Path, port: int | None = None, timeout: float = 30) -> Registry:
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        port = port or free_loopback_port()
+        port = port or free_port()
         config = workdir / "config.yml"
         config.write_text(config_yaml(workdir / "storage", port))  # JSON is YAML
         proc = ManagedProcess(
