@@ -45,6 +45,16 @@ def exact_command(environ: Mapping[str, str], scale: str, args: Sequence[str]) -
 
 
 def main() -> int:
+    args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if args not in ([], ["--report-only"]):
+        print(
+            f"python -m bench: unknown arguments {shlex.join(args)} (only --report-only; see --help)",
+            file=sys.stderr,
+        )
+        return 2
     name = os.environ.get("BENCH_SCALE", "default").strip() or "default"
     if name not in SCALES:
         print(f"BENCH_SCALE={name!r}: choose one of {', '.join(SCALES)}", file=sys.stderr)
