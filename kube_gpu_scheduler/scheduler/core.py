@@ -124,6 +124,7 @@ class Scheduler:
         self._last_bind = float("-inf")  # time.monotonic() of the latest Binding
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen pending
         self.workers: list[threading.Thread] = []
+        self.started = threading.Event()  # the workers and the elector run (the probes judge them)
         self.gangs = Gangs(
             self.ledger,
             self.pod,
@@ -459,6 +460,7 @@ class Scheduler:
             self.elector.start(self.stop_event)
         else:
             self.started_leading()
+        self.started.set()
         self.stop_event.wait()
 
     def shutdown(self, timeout: float = 10.0) -> None:

@@ -46,6 +46,8 @@ class Observed(Protocol):
     @property
     def workers(self) -> list[threading.Thread]: ...
     @property
+    def started(self) -> threading.Event: ...  # set once the workers (and the elector) run
+    @property
     def queue(self) -> Sized: ...
     @property
     def waiting(self) -> Sized: ...
@@ -73,10 +75,13 @@ class SchedulerHealth:
         caches = s.caches()
         checks = {f"watch-{name}": cache.alive() for name, cache in caches.items()}
         checks["events"] = s.events.alive()
-        if all(cache.synced.is_set() for cache in caches.values()):
+        # The workers and the elector are judged once they run: between the caches' sync and
+        # their start (a few ms) /readyz already says ready, and /healthz, /health must not
+        # say dead (seen: a 503 from /health right after /readyz answered 200).
+        if s.started.is_set():
             checks["workers"] = bool(s.workers) and all(t.is_alive() for t in s.workers)
-        if s.elector is not None and s.workers:
-            checks["leader-election"] = s.elector.alive()
+            if s.elector is not None:
+                checks["leader-election"] = s.elector.alive()
         return checks
 
     def ready(self) -> dict[str, bool]:

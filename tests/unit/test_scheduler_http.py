@@ -273,3 +273,20 @@ def test_every_metric_is_in_the_docs_metrics_table() -> None:
         if line.startswith("| `gpu_scheduler_")
     }
     assert served == documented, (sorted(served - documented), sorted(documented - served))
+
+
+def test_between_the_caches_sync_and_the_workers_start_the_scheduler_is_not_called_dead(
+    lease_scheduler: tuple[str, Scheduler, FakeClock],
+) -> None:
+    """/readyz says ready once the caches synced; the workers and the elector start a few ms
+    later. In that window /health and /healthz said 503 (a test saw it right after /readyz)."""
+    url, sched, _ = lease_scheduler
+    assert not sched.started.is_set() and not sched.workers
+    assert get(url + "/readyz")[0] == 200
+    # (No thread runs in this fixture: the watches and the event sender say so themselves.)
+    assert set(sched.health.alive()) == {"watch-pods", "watch-assigned-pods", "watch-nodes", "events"}
+    # Once started, the workers and the elector are judged: none alive here, so dead.
+    sched.started.set()
+    checks = sched.health.alive()
+    assert checks["workers"] is False
+    assert checks["leader-election"] is False
