@@ -707,16 +707,7 @@ def test_a_gpu_named_by_pci_bus_id_is_refused_outside_dra_mode(apiserver: Apiser
 # -- the maximum size ------------------------------------------------------------------------------
 
 
-def admission_time(apiserver: Apiserver, obj: dict[str, Any], rounds: int = 10) -> float:
-    started = time.monotonic()
-    for _ in range(rounds):
-        apiserver.create(obj)
-    return (time.monotonic() - started) / rounds
-
-
-@pytest.mark.slow(
-    reason="256 KiB maps through every policy, ten rounds each, for the CEL cost limits", budget=600
-)
+@pytest.mark.slow(reason="256 KiB maps through every policy, for the CEL cost limits", budget=600)
 def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver) -> None:
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
     largest = large_map(limit)
@@ -729,23 +720,21 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
         "256 KiB, by index and UUID": large_map(limit, named=True),
     }
     smap = parse(largest)
-    print()
-    for label, text in maps.items():
-        last = str(max(parse(text)))
-        for mode, scheduler in SCHEDULERS.items():
-            for ordinal in ("0", last):
-                sent = pod(text, ordinal, scheduler, init=True)
-                answer = apiserver.create(sent)
-                assert not disagreement(text, ordinal, mode, answer, sent), (label, answer.message)
-        sts = apiserver.create(statefulset(text, replicas=len(parse(text))))
+    pods = [
+        (label, text, mode, ordinal, pod(text, ordinal, scheduler, init=True))
+        for label, text in maps.items()
+        for mode, scheduler in SCHEDULERS.items()
+        for ordinal in ("0", str(max(parse(text))))
+    ]
+    sets = [statefulset(text, replicas=len(parse(text))) for text in maps.values()]
+    answers = apiserver.create_all([sent for *_, sent in pods] + sets)  # side by side
+    for (label, text, mode, ordinal, sent), answer in zip(pods, answers, strict=False):
+        assert not disagreement(text, ordinal, mode, answer, sent), (label, answer.message)
+    for label, sts in zip(maps, answers[len(pods) :], strict=True):
         assert sts.allowed, (label, sts.message)
         assert not [w for w in sts.warnings if f"'inj-cuda-{FULLNAME}" in w], (label, sts.warnings)
-        rounds = 10 if len(text) < 1000 else 2
-        per_pod = admission_time(apiserver, pod(text, last), rounds)
-        per_sts = admission_time(apiserver, statefulset(text, replicas=len(parse(text))), rounds)
-        print(
-            f"{label} ({len(text.encode())} bytes): pod {1000 * per_pod:.1f} ms, StatefulSet {1000 * per_sts:.1f} ms"
-        )
+    # How long these admissions take is measured by `make bench` (arm P, maps up to 3,000
+    # entries), not here: this test says only that they are admitted within the cost limits.
     assert len(smap) > 6000
 
 
@@ -756,7 +745,7 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
     text = large_map(limit - 80)
     named = large_map(limit - 80, named=True)
     lines = text.count("\n")
-    for broken, problem in (
+    cases = [
         # The same UUID given twice, spelt in upper case the second time.
         (named + f"999999=gpu-node-3.example.com:{large_uuid(3, 0).upper()}\n", "insert failed: key"),
         (named + "9=x:1,\n", f"line {named.count(chr(10)) + 1}: empty GPU index"),
@@ -775,11 +764,11 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
         # Past 32 KiB only a problem of shape is named (each messageExpression costs a second
         # evaluation on every request); the others get the policy's message.
         (text + "7=node1:5000\n", "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU[,GPU...] entries"),
-    ):
-        for obj in (pod(broken, "0"), statefulset(broken)):
-            answer = apiserver.create(obj)
-            assert not answer.allowed
-            assert problem in answer.message, answer.message[:500]
+    ]
+    sent = [(problem, obj) for broken, problem in cases for obj in (pod(broken, "0"), statefulset(broken))]
+    for (problem, _), answer in zip(sent, apiserver.create_all([obj for _, obj in sent]), strict=True):
+        assert not answer.allowed
+        assert problem in answer.message, answer.message[:500]
     # The documented trade-off: a node named two ways is found by sorting, which costs n^2, so
     # past 400 runs of entries the policy does not look (the scheduler and the webhook refuse it).
     for mixed in (
