@@ -73,12 +73,39 @@ REAL_NODE_GROUP = "real-node"
 REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
 
 
+# The units that take minutes, longest first (measured with --durations=0): each worker starts
+# them first, so that the short units fill in around them (longest first, then the rest in
+# collection order). A name with "::" is one test that is a unit of its own, its module's
+# fixtures made once more on the worker that runs it: minutes of work beside the module's others.
+LONG_UNITS = (
+    REAL_NODE_GROUP,
+    "tests/integration/test_argocd_real.py",
+    "tests/integration/test_injection_policy.py::test_generated_maps_agree_with_the_parser",
+    "tests/integration/test_injection_policy.py::test_the_largest_map_is_admitted_within_the_cost_limits",
+    "tests/integration/test_packaging.py",
+    "tests/integration/test_bench_smoke.py",
+    "tests/integration/test_trust.py",
+    "tests/integration/test_injection_policy.py::test_the_largest_malformed_map_is_refused_by_the_policy",
+    "tests/integration/test_dra.py",
+    "tests/integration/test_day2_nodes.py",
+)
+OWN_UNITS = frozenset(u for u in LONG_UNITS if "::" in u)
+
+
 def work_unit(nodeid: str) -> str:
     """What one pytest-xdist worker runs as a whole, in order: the test's module (its
-    module-scoped fixtures are made once, and its tests may build on each other), or, for every
-    test that starts the real kubelet node, :data:`REAL_NODE_GROUP`."""
+    module-scoped fixtures are made once, and its tests may build on each other), for every
+    test that starts the real kubelet node :data:`REAL_NODE_GROUP`, or one of :data:`OWN_UNITS`."""
+    if nodeid in OWN_UNITS:
+        return nodeid
     path = nodeid.split("::", 1)[0]
     return REAL_NODE_GROUP if path.startswith("tests/node/") or path in REAL_NODE_MODULES else path
+
+
+def unit_rank(nodeid: str) -> int:
+    """Where the test's unit comes in a worker's order: the long ones first, longest first."""
+    unit = work_unit(nodeid)
+    return LONG_UNITS.index(unit) if unit in LONG_UNITS else len(LONG_UNITS)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -89,8 +116,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # The units in collection order, the real node's first (pytest_collection_modifyitems): the
-    # longest unit starts at once, and the other worker takes the rest meanwhile.
+    # The units in collection order, the long ones first (pytest_collection_modifyitems): the
+    # longest unit starts at once, and the other workers take the rest meanwhile.
     config.option.loadscopereorder = False
 
     class WorkUnits(LoadScopeScheduling):
@@ -106,8 +133,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if INSTALL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.install)
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the real node's tests first
-        items.sort(key=lambda item: work_unit(item.nodeid) != REAL_NODE_GROUP)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the long units first
+        items.sort(key=lambda item: unit_rank(item.nodeid))
 
 
 @pytest.fixture(autouse=True)
