@@ -11,10 +11,14 @@ export GPU_SCHEDULER_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gpu-schedul
 TOOL_PATH := $(shell tools/provision.sh --print-bin-dirs | paste -sd: -)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOL_PATH):$(PATH)
 PYTEST_ARGS ?=
-# `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order).
-# tests/conftest.py keeps a module, and every test of the real node, on one worker.
-TEST_WORKERS ?= 2
+# `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order):
+# three on 2 cores, since its tests wait on the control plane, the kubelet and Argo CD much of
+# the time (25 minutes where two took 32, one run beside the other). tests/conftest.py keeps a
+# module, and every test of the real node, on one worker. `make test-unit` (all CPU) runs on two.
+TEST_WORKERS ?= 3
+UNIT_WORKERS ?= 2
 XDIST_ARGS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
+UNIT_XDIST_ARGS := $(if $(filter-out 0 1,$(UNIT_WORKERS)),-n $(UNIT_WORKERS) --dist loadscope)
 
 .PHONY: help venv tools unit-tools image test test-unit lint demo cluster-up cluster-down clean
 
@@ -45,7 +49,7 @@ test: venv tools image ## Before a commit (and CI): the whole suite (unit + loca
 # The unit tests: no control plane, no real node, no fresh install of the wheel (those run in
 # `make test`); they need helm, ct, kube-score and NVIDIA's container toolkit, nothing else.
 test-unit: venv unit-tools ## While developing: the tests that need no control plane (tests/unit, tests/gpu), a few minutes
-	$(PY) -m pytest $(XDIST_ARGS) -m 'not cluster and not install' tests/unit tests/gpu $(PYTEST_ARGS)
+	$(PY) -m pytest $(UNIT_XDIST_ARGS) -m 'not cluster and not install' tests/unit tests/gpu $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff check .

@@ -110,7 +110,7 @@ def unit_rank(nodeid: str) -> int:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` (``-n 2 --dist loadscope``): two workers, each with a control plane of its
+    """`make test` (``-n 3 --dist loadscope``): three workers, each with a control plane of its
     own, each taking a :func:`work_unit` at a time."""
     if config.getvalue("dist") != "loadscope":
         return None
