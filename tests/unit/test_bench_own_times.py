@@ -8,7 +8,7 @@ import math
 
 from bench.arms import Run
 from bench.measure import own_times
-from bench.ratios import ratios
+from bench.ratios import paired_ratio, ratios
 from bench.scales import SCALES, Results
 from kube_gpu_scheduler.base.logs import JsonFormatter
 
@@ -76,3 +76,19 @@ def test_the_cpu_bounds_leave_the_gpu_schedulers_own_cpu_out() -> None:
     assert math.isclose(bound("L"), 7.5 / 8.0)
     # B2 keeps all of its own CPU, its scheduler's included; A loses the gpu-scheduler's.
     assert math.isclose(bound("B2"), 9.1 / 8.0)
+
+
+def test_a_features_price_is_the_median_of_its_ratios_within_each_repetition() -> None:
+    """G/A from two repetitions whose pace drifted (A: 60 then 45 pods/s; G 3% behind A in
+    each): the ratio of the arms' medians would say 0.89 or 1.16 depending on the pairing,
+    the ratio within each repetition says 0.97."""
+
+    def tp(arm: str, rep: int, value: float) -> Run:
+        return Run(arm, "n100-p500-r1", rep, 500, 5.0, value, 0.05, 0.2)
+
+    runs = [tp("A", 0, 60.0), tp("G", 0, 58.2), tp("A", 1, 45.0), tp("G", 1, 43.65), tp("A", 2, 50.0)]
+    assert math.isclose(paired_ratio(runs, "n100-p500-r1", "G", "A"), 0.97)
+    rows = {(w, p): v for w, p, v, _ in ratios(Results("default", "", "", {}, runs=runs), SCALES["default"])}
+    (value,) = [v for (w, p), v in rows.items() if w.startswith("throughput G/A") and p.endswith("1/node")]
+    assert math.isclose(value, 0.97)
+    assert math.isnan(paired_ratio(runs, "n100-p500-r5", "G", "A"))  # no run of that plan
