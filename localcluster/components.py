@@ -192,8 +192,9 @@ class ComponentProcesses(ClusterClients):
                 "--profiling=false",
                 # Past the default 60 s: the largest maps' StatefulSets cost about 20 s of CPU each
                 # in one request (three releases' map policies, tests/integration/
-                # test_injection_policy.py), which a suite on 2 busy cores can stretch past 60 s:
-                # a 504, a verdict on the machine's load rather than on the CEL cost limits.
+                # test_injection_policy.py, which asks ?timeout=170s), which a suite on 2 busy
+                # cores can stretch past 60 s: a 504, a verdict on the machine's load rather than
+                # on the CEL cost limits.
                 "--request-timeout=3m",
                 f"--cert-dir={self.workdir / 'pki'}",
                 *egress_flags(self.workdir),
