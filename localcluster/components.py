@@ -190,12 +190,6 @@ class ComponentProcesses(ClusterClients):
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--allow-privileged=true",
                 "--profiling=false",
-                # Past the default 60 s: the largest maps' StatefulSets cost about 20 s of CPU each
-                # in one request (three releases' map policies, tests/integration/
-                # test_injection_policy.py, which asks ?timeout=170s), which a suite on 2 busy
-                # cores can stretch past 60 s: a 504, a verdict on the machine's load rather than
-                # on the CEL cost limits.
-                "--request-timeout=3m",
                 f"--cert-dir={self.workdir / 'pki'}",
                 *egress_flags(self.workdir),
                 "--v=1",

@@ -73,31 +73,41 @@ REAL_NODE_GROUP = "real-node"
 REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
 
 
+# Tests that are one unit together, apart from their module's others (whose fixtures are then
+# made once more on the worker that runs them), in order: the injection policy's three slowest,
+# minutes of work beside the module's others. Never beside each other: each keeps the
+# apiserver's CPU busy, and a 256 KiB map's StatefulSet costs about 20 s of it against the create
+# handler's fixed 34 s deadline (side by side they answered 504).
+AT_SCALE = "tests/integration/test_injection_policy.py::at-scale"
+GROUPS = {
+    f"tests/integration/test_injection_policy.py::{name}": AT_SCALE
+    for name in (
+        "test_generated_maps_agree_with_the_parser",
+        "test_the_largest_map_is_admitted_within_the_cost_limits",
+        "test_the_largest_malformed_map_is_refused_by_the_policy",
+    )
+}
 # The units that take minutes, longest first (measured with --durations=0): each worker starts
 # them first, so that the short units fill in around them (longest first, then the rest in
-# collection order). A name with "::" is one test that is a unit of its own, its module's
-# fixtures made once more on the worker that runs it: minutes of work beside the module's others.
+# collection order).
 LONG_UNITS = (
     REAL_NODE_GROUP,
+    AT_SCALE,
     "tests/integration/test_argocd_real.py",
-    "tests/integration/test_injection_policy.py::test_generated_maps_agree_with_the_parser",
-    "tests/integration/test_injection_policy.py::test_the_largest_map_is_admitted_within_the_cost_limits",
     "tests/integration/test_packaging.py",
     "tests/integration/test_bench_smoke.py",
     "tests/integration/test_trust.py",
-    "tests/integration/test_injection_policy.py::test_the_largest_malformed_map_is_refused_by_the_policy",
     "tests/integration/test_dra.py",
     "tests/integration/test_day2_nodes.py",
 )
-OWN_UNITS = frozenset(u for u in LONG_UNITS if "::" in u)
 
 
 def work_unit(nodeid: str) -> str:
     """What one pytest-xdist worker runs as a whole, in order: the test's module (its
     module-scoped fixtures are made once, and its tests may build on each other), for every
-    test that starts the real kubelet node :data:`REAL_NODE_GROUP`, or one of :data:`OWN_UNITS`."""
-    if nodeid in OWN_UNITS:
-        return nodeid
+    test that starts the real kubelet node :data:`REAL_NODE_GROUP`, or its group in :data:`GROUPS`."""
+    if nodeid in GROUPS:
+        return GROUPS[nodeid]
     path = nodeid.split("::", 1)[0]
     return REAL_NODE_GROUP if path.startswith("tests/node/") or path in REAL_NODE_MODULES else path
 
@@ -110,7 +120,7 @@ def unit_rank(nodeid: str) -> int:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test` (``-n 3 --dist loadscope``): three workers, each with a control plane of its
+    """`make test` (``-n 2 --dist loadscope``): two workers, each with a control plane of its
     own, each taking a :func:`work_unit` at a time."""
     if config.getvalue("dist") != "loadscope":
         return None

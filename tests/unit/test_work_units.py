@@ -1,43 +1,50 @@
 """How `make test` shares the suite among its pytest-xdist workers (tests/conftest.py): the
-long units first, each named unit still existing (a renamed test would silently fall back to
-its module's unit, and the suite would quietly take minutes longer)."""
+long units first, each named test still existing (a renamed test would silently fall back to
+its module's unit, and the suite would quietly take minutes longer or run the injection
+policy's heaviest tests side by side)."""
 
 from __future__ import annotations
 
 import re
 
 from localcluster.cluster import REPO
-from tests.conftest import LONG_UNITS, OWN_UNITS, REAL_NODE_GROUP, unit_rank, work_unit
+from tests.conftest import AT_SCALE, GROUPS, LONG_UNITS, REAL_NODE_GROUP, unit_rank, work_unit
 
 
-def test_every_long_unit_names_a_module_or_a_test_that_exists() -> None:
+def test_every_long_unit_and_grouped_test_exists() -> None:
+    for nodeid in GROUPS:
+        path, _, test = nodeid.partition("::")
+        assert re.search(rf"^def {re.escape(test)}\(", (REPO / path).read_text(), re.M), nodeid
     for unit in LONG_UNITS:
-        if unit == REAL_NODE_GROUP:
-            continue
-        path, _, test = unit.partition("::")
-        text = (REPO / path).read_text()
-        assert not test or re.search(rf"^def {re.escape(test)}\(", text, re.M), unit
+        assert unit in (REAL_NODE_GROUP, *GROUPS.values()) or (REPO / unit).is_file(), unit
     assert len(set(LONG_UNITS)) == len(LONG_UNITS)
 
 
-def test_a_test_of_its_own_is_a_unit_and_its_module_s_others_share_one() -> None:
-    own = sorted(OWN_UNITS)[0]
-    module = own.split("::")[0]
-    assert work_unit(own) == own
+def test_a_group_is_one_unit_and_its_module_s_others_share_another() -> None:
+    first = next(iter(GROUPS))
+    module = first.split("::")[0]
+    assert {work_unit(n) for n in GROUPS} == {AT_SCALE}
     assert work_unit(f"{module}::test_something_else") == module
     assert work_unit("tests/node/test_host.py::test_x") == REAL_NODE_GROUP
     assert work_unit("tests/integration/test_demo.py::test_demo[dra]") == REAL_NODE_GROUP
 
 
 def test_long_units_come_first_longest_first_and_the_rest_keep_their_order() -> None:
+    grouped = list(GROUPS)
     ids = [
         "tests/unit/test_a.py::test_1",
         "tests/integration/test_injection_policy.py::test_small",
-        LONG_UNITS[2],
+        grouped[1],
         "tests/node/test_host.py::test_x",
         "tests/unit/test_b.py::test_2",
-        LONG_UNITS[1] + "::test_y",
+        grouped[0],
+        LONG_UNITS[2] + "::test_y",
     ]
     ordered = sorted(ids, key=unit_rank)
-    assert ordered[:3] == ["tests/node/test_host.py::test_x", LONG_UNITS[1] + "::test_y", LONG_UNITS[2]]
-    assert ordered[3:] == [ids[0], ids[1], ids[4]]
+    assert ordered[:4] == [
+        "tests/node/test_host.py::test_x",
+        grouped[1],
+        grouped[0],
+        LONG_UNITS[2] + "::test_y",
+    ]
+    assert ordered[4:] == [ids[0], ids[1], ids[4]]
