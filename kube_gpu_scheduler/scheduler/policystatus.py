@@ -9,7 +9,11 @@ second, when something changed (and every minute regardless):
 * writes each policy's ``status`` (GPUs held in all, per namespace and type; the nodes it
   selects; ``observedGeneration``; the ``Enforced`` and ``LimitReached`` conditions) with a
   PUT of ``gpupinningpolicies/status`` carrying the cached resourceVersion, only where it
-  changed (a conflict: the next round writes it again from the newer copy);
+  changed (a conflict: the next round writes it again from the newer copy). The counts are
+  written once they have been still for a round, or at the latest ``MAX_LAG_S`` after they
+  first changed: during a burst of binds (hundreds a second, across as many policies) the
+  apiserver's time goes to the Bindings, not to a status PUT per policy per second, and
+  each write's watch event back to this scheduler;
 * publishes the resolved grants (``policy.<name>`` -> the nodes it selects, ``ns.<namespace>``
   -> the policies that select it) into the ConfigMap the chart renders for them
   (``GPU_SCHEDULER_TENANCY_GRANTS``), by server-side apply: what the ValidatingAdmissionPolicy
@@ -68,6 +72,22 @@ POLICIES = f"/apis/{API_VERSION}/{PLURAL}"
 APPLY_PATCH = "application/apply-patch+yaml"
 TICK_S = 1.0
 RESYNC_S = 60.0
+# The longest the status lags behind counts that keep changing (a long burst of binds).
+MAX_LAG_S = 10.0
+
+
+def status_due(changed: threading.Event, dirty_since: float | None, now: float) -> tuple[float | None, bool]:
+    """One round of the writer: (when the counts first changed, unwritten, or None; whether to
+    write now). ``changed`` set since the last round: the counts are still moving, so wait for
+    a quiet round, unless they first changed ``MAX_LAG_S`` ago. Clears ``changed``."""
+    moving = changed.is_set()
+    if moving:
+        changed.clear()
+        if dirty_since is None:
+            dirty_since = now
+    if dirty_since is None:
+        return None, False
+    return dirty_since, not moving or now - dirty_since >= MAX_LAG_S
 
 
 class PolicyWriter:
@@ -219,6 +239,7 @@ class TenancyController:
     def _run(self, stop: threading.Event) -> None:
         assert self.tenancy is not None
         last_full = 0.0
+        dirty_since: float | None = None  # when the counts first changed since the last write
         while not stop.is_set():
             self._wake.wait(TICK_S)
             self._wake.clear()
@@ -230,8 +251,9 @@ class TenancyController:
                 if full or self.tenancy.grants_changed.is_set():
                     self.tenancy.grants_changed.clear()
                     self.publish_grants()
-                if full or self.tenancy.changed.is_set():
-                    self.tenancy.changed.clear()
+                dirty_since, due = status_due(self.tenancy.changed, dirty_since, now)
+                if full or due:
+                    dirty_since = None
                     self.write_statuses()
                 if full:
                     last_full = now

@@ -20,7 +20,7 @@ from kube_gpu_scheduler.domain.rules import GANG_WAITING
 from kube_gpu_scheduler.domain.schedmap import parse
 from kube_gpu_scheduler.domain.selectors import parse_selector
 from kube_gpu_scheduler.scheduler.optin import InjectionScope
-from kube_gpu_scheduler.scheduler.policystatus import PolicyCollector
+from kube_gpu_scheduler.scheduler.policystatus import MAX_LAG_S, PolicyCollector, status_due
 from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
 from tests.unit.test_scheduler_process import Cache, World, node
 
@@ -224,6 +224,29 @@ def test_a_status_write_of_our_own_changes_no_count() -> None:
     w.tenancy._stale = False
     w.tenancy.policy_changed(before, after)
     assert w.tenancy._stale is False
+
+
+def test_the_status_is_written_once_the_counts_are_still_or_at_the_latest_after_the_lag() -> None:
+    changed = threading.Event()
+    # Nothing changed: nothing to write.
+    assert status_due(changed, None, 0.0) == (None, False)
+    # One change (a bind), then a quiet round: written on the quiet round, not the first.
+    changed.set()
+    since, due = status_due(changed, None, 1.0)
+    assert (since, due) == (1.0, False)
+    assert not changed.is_set()
+    assert status_due(changed, since, 2.0) == (1.0, True)
+    # A burst: a change every round defers the write until MAX_LAG_S after the first one.
+    since = None
+    rounds = []
+    for second in range(1, 30):
+        changed.set()
+        since, due = status_due(changed, since, float(second))
+        rounds.append(due)
+        if due:
+            since = None
+    assert rounds.index(True) == MAX_LAG_S, rounds
+    assert rounds.count(True) == 29 // (MAX_LAG_S + 1), rounds
 
 
 def test_the_metrics_per_policy() -> None:
