@@ -6,7 +6,8 @@ Environment:
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
   one repetition: what ``make test`` runs);
 * ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
-* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3; smoke 1);
+* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3, and 5 for the pairs
+  that price a feature, A and G, T0 and T1; smoke 1);
 * ``BENCH_WORKDIR``: the control plane, logs, results.json and the profile
   (default .cluster/bench).
 
@@ -67,7 +68,12 @@ def main() -> int:
         results = Results.from_json((workdir / "results.json").read_text())
         scale = SCALES[results.scale]
         if results.runs:
-            scale = dataclasses.replace(scale, reps=1 + max(r.rep for r in results.runs))
+            paired = {"A", "G", "T0", "T1"}
+            scale = dataclasses.replace(
+                scale,
+                reps=1 + max((r.rep for r in results.runs if r.arm not in paired), default=0),
+                paired_reps=1 + max(r.rep for r in results.runs),
+            )
         report(results, scale, doc)
         return 0
     reps = os.environ.get("BENCH_REPS", "").strip()
@@ -75,7 +81,7 @@ def main() -> int:
         if not reps.isdigit() or int(reps) < 1:
             print(f"BENCH_REPS={reps!r}: a whole number >= 1", file=sys.stderr)
             return 2
-        scale = dataclasses.replace(scale, reps=int(reps))
+        scale = dataclasses.replace(scale, reps=int(reps), paired_reps=int(reps))
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]

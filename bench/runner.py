@@ -385,6 +385,12 @@ class Bench:
                     for arm in order:
                         run = self.bind_run(arm, plan, rep, measure_memory=arm in ("A", "E"))
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
+            # More pairs of A and G than of the others, for G/A (Scale.paired_reps).
+            for rep in range(self.scale.reps, self.scale.feature_reps):
+                for plan in plans:
+                    for arm in ("A", "G") if rep % 2 == 0 else ("G", "A"):
+                        run = self.bind_run(arm, plan, rep)
+                        self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
 
     def webhook_arms(self) -> None:
         assert self.raw is not None and self.webhook is not None

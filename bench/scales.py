@@ -35,6 +35,15 @@ class Scale:
     # The DRA phase (bench/dra.py): its plan, and how many other allocated claims arm DF runs beside.
     dra_plan: Plan = DRA_PLAN
     dra_foreign: int = 3000
+    # The price of a feature (G/A: gangs; T1/T0: tenancy) is the median of ratios within each
+    # repetition, each pair run back to back; one pair ranged from 0.72 to 1.28 on these shared
+    # cores, so those arms run more repetitions than the others (0: as many).
+    paired_reps: int = 0
+
+    @property
+    def feature_reps(self) -> int:
+        """Repetitions of the paired feature arms (A and G, T0 and T1)."""
+        return max(self.reps, self.paired_reps)
 
     @property
     def plans(self) -> list[Plan]:
@@ -54,7 +63,7 @@ SCALES = {
         dra_plan=Plan(10, 20, 1),
         dra_foreign=40,
     ),
-    "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000),
+    "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=5),
     "full": Scale(
         "full",
         (

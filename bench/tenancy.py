@@ -161,7 +161,7 @@ class TenancyBench:
         self.start()
         try:
             plans = self.scale.groups[0][1]
-            for rep in range(self.scale.reps):
+            for rep in range(self.scale.feature_reps):
                 for plan in plans:
                     for arm in TENANCY_ARMS if rep % 2 == 0 else tuple(reversed(TENANCY_ARMS)):
                         self.bench.record(
