@@ -13,11 +13,10 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(TOOL_PATH):$(PATH)
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order).
 # tests/conftest.py keeps a module, and every test of the real node, on one worker. Three took
-# 25-27 minutes where two took 32 (its tests wait on the control plane, the kubelet and Argo CD
-# much of the time), but on three the 256 KiB maps' admissions came near the apiserver's fixed
-# 34 s create deadline (README, "Tests and benchmarks"): two until that has more room.
-# `make test-unit` (all CPU) runs on UNIT_WORKERS.
-TEST_WORKERS ?= 2
+# 25 minutes where two took 32 (its tests wait on the control plane, the kubelet and Argo CD
+# much of the time; README, "Tests and benchmarks"). `make test-unit` (all CPU) runs on
+# UNIT_WORKERS.
+TEST_WORKERS ?= 3
 UNIT_WORKERS ?= 2
 XDIST_ARGS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope)
 UNIT_XDIST_ARGS := $(if $(filter-out 0 1,$(UNIT_WORKERS)),-n $(UNIT_WORKERS) --dist loadscope)
