@@ -532,6 +532,7 @@ def requests_for(index: int, text: str, r: random.Random) -> list[tuple[str, Inj
 @pytest.mark.slow(
     reason="10,000 generated maps, each admitted by the real apiserver in every injection mode", budget=900
 )
+@pytest.mark.alone(reason="minutes of the apiserver's CPU: beside two other workers it took over 600 s")
 def test_generated_maps_agree_with_the_parser(apiserver: Apiserver) -> None:
     r = random.Random(SEED)
     texts = list(corpus(SEED, GENERATED_MAPS))
@@ -706,6 +707,7 @@ def test_a_gpu_named_by_pci_bus_id_is_refused_outside_dra_mode(apiserver: Apiser
 
 
 @pytest.mark.slow(reason="256 KiB maps through every policy, for the CEL cost limits", budget=600)
+@pytest.mark.alone(reason="each 256 KiB map's admission must finish within the create handler's fixed 34 s")
 def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver) -> None:
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
     largest = large_map(limit)
@@ -741,6 +743,7 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
 
 
 @pytest.mark.slow(reason="the largest malformed maps through every policy", budget=360)
+@pytest.mark.alone(reason="each 256 KiB map's admission must finish within the create handler's fixed 34 s")
 def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver) -> None:
     """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits."""
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())

@@ -29,7 +29,7 @@ def test_a_group_is_one_unit_and_its_module_s_others_share_another() -> None:
     assert work_unit("tests/integration/test_demo.py::test_demo[dra]") == REAL_NODE_GROUP
 
 
-def test_long_units_come_first_longest_first_and_the_rest_keep_their_order() -> None:
+def test_long_units_come_first_the_alone_one_then_longest_first_and_the_rest_keep_their_order() -> None:
     grouped = list(GROUPS)
     ids = [
         "tests/unit/test_a.py::test_1",
@@ -41,10 +41,11 @@ def test_long_units_come_first_longest_first_and_the_rest_keep_their_order() -> 
         LONG_UNITS[2] + "::test_y",
     ]
     ordered = sorted(ids, key=unit_rank)
+    # The at-scale group (it runs alone) first, then the real node's, then the others.
     assert ordered[:4] == [
-        "tests/node/test_host.py::test_x",
         grouped[1],
         grouped[0],
+        "tests/node/test_host.py::test_x",
         LONG_UNITS[2] + "::test_y",
     ]
     assert ordered[4:] == [ids[0], ids[1], ids[4]]
