@@ -73,6 +73,9 @@ def _children() -> list[int]:
 # The tests that start the real kubelet node (one per host at a time): tests/node and these.
 REAL_NODE_GROUP = "real-node"
 REAL_NODE_MODULES = ("tests/integration/test_demo.py",)
+# Its tests run one after another on one worker, the suite's longest unit (about 20 minutes): the
+# wall time of `make test` is at least theirs, so they never wait for a test marked ``alone``.
+BESIDE_ALONE = "the real node's tests, the suite's longest chain: waiting would lengthen the run"
 
 
 # Tests that are one unit together, apart from their module's others (whose fixtures are then
@@ -146,6 +149,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster)
         if INSTALL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.install)
+        if work_unit(item.nodeid) == REAL_NODE_GROUP:
+            item.add_marker(pytest.mark.beside_alone(reason=BESIDE_ALONE))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the long units first
         items.sort(key=lambda item: unit_rank(item.nodeid))
 

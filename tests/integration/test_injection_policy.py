@@ -151,8 +151,13 @@ class Apiserver:
         return Answer(False, message=body.get("message", text), warnings=_warnings(resp.headers))
 
     def create_all(self, objs: list[dict[str, Any]]) -> list[Answer]:
-        with ThreadPoolExecutor(THREADS) as pool:
+        pool = ThreadPoolExecutor(THREADS)
+        try:
             return list(pool.map(self.create, objs))
+        finally:
+            # A failed (or timed-out) test sends none of the requests still queued: the next
+            # test on this apiserver must not wait behind them.
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         self.pool.clear()

@@ -5,8 +5,10 @@ plane of its own. A test whose outcome depends on how much CPU its apiserver get
 
     @pytest.mark.alone(reason="a 256 KiB map's admission against the create handler's 34 s deadline")
 
-and runs (its setup, call and teardown) while no other worker runs a test: the others finish
-the test they are in and wait before their next one. Waiting is outside a test's phases, so it
+and runs (its setup, call and teardown) while no other worker runs a test but those marked
+``beside_alone`` (the real node's chain, which sets the suite's wall time and leaves the
+apiserver most of a core): the others finish the test they are in and wait before their next
+one. Waiting is outside a test's phases, so it
 counts against neither its budget (tests/support/budget.py) nor pytest-timeout's limit.
 
 Why: the injection policy's at-scale tests keep their apiserver's CPU busy for minutes. Beside
@@ -34,6 +36,7 @@ from pathlib import Path
 import pytest
 
 MARK = "alone"
+BESIDE = "beside_alone"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,13 +45,18 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARK}(reason): the test runs while no other pytest-xdist worker runs one; `reason` says why "
         "(tests/support/alone.py)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{BESIDE}(reason): the test never waits for one marked {MARK}; `reason` says why (tests/support/alone.py)",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        mark = item.get_closest_marker(MARK)
-        if mark is not None and not (mark.kwargs.get("reason") or mark.args):
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARK} needs a reason")
+        for name in (MARK, BESIDE):
+            mark = item.get_closest_marker(name)
+            if mark is not None and not (mark.kwargs.get("reason") or mark.args):
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} needs a reason")
 
 
 def shared_dir(config: pytest.Config) -> Path | None:
@@ -84,7 +92,7 @@ HELD = pytest.StashKey[ExitStack]()
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     shared = shared_dir(item.config)
-    if shared is None:
+    if shared is None or item.get_closest_marker(BESIDE) is not None:
         yield
         return
     alone = item.get_closest_marker(MARK) is not None
