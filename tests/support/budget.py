@@ -10,6 +10,8 @@ whose run takes longer than its budget, so the suite cannot silently grow back (
 
   Its ``budget`` (seconds) replaces both; a ``slow`` mark without a ``reason`` or with a
   budget under the default is an error.
+* pytest-timeout's limit (``timeout`` in pyproject.toml, for hangs) is raised to 1.25 times the
+  budget of a test whose budget is longer, so that its budget is what stops it.
 * ``--no-duration-budget`` reports nothing (a debugging run under a profiler, a loaded machine).
 
 A test over its budget fails with the time it took and the budget it had; the report of a test
@@ -56,7 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        budgets(item)  # a malformed mark fails the run before any test runs
+        call, fixtures, _ = budgets(item)  # a malformed mark fails the run before any test runs
+        # pytest-timeout (ini ``timeout``, for hangs) must not stop a slow test before its budget
+        # does: a test given 900 s is stopped at 1.25 times that, not at 600 s.
+        limit = max(call, fixtures) * 1.25
+        timeout = float(item.config.getini("timeout") or 0)
+        marked = item.get_closest_marker(MARK) is not None
+        if marked and timeout and limit > timeout and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))
 
 
 def budgets(item: pytest.Item) -> tuple[float, float, str]:

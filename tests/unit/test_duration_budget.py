@@ -112,6 +112,27 @@ def test_the_budget_can_be_switched_off(tmp_path: Path) -> None:
     assert set(outcomes(res.stdout).values()) == {"PASSED"}, res.stdout
 
 
+def test_pytest_timeout_does_not_stop_a_slow_test_before_its_budget(tmp_path: Path) -> None:
+    """pytest-timeout's limit (here 0.6 s) is raised to 1.25 times a longer budget (2 s):
+    the marked test passes, the unmarked one is still stopped by pytest-timeout."""
+    source = textwrap.dedent(
+        """
+        import time
+        import pytest
+
+        @pytest.mark.slow(reason="it sleeps on purpose", budget=2)
+        def test_marked():
+            time.sleep(1)
+
+        def test_hangs():
+            time.sleep(1)
+        """
+    )
+    res = run(tmp_path, source, "-o", "timeout=0.6", "-o", "duration_budget=1.5")
+    assert outcomes(res.stdout) == {"test_marked": "PASSED", "test_hangs": "FAILED"}, res.stdout
+    assert "Timeout (>0.6s) from pytest-timeout" in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize(
     ("mark", "error"),
     [
