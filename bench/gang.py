@@ -8,10 +8,13 @@
   ``gpu_scheduler_gangs_waiting`` says so); the clock starts when that pod is deleted and stops
   when the last replica is seen bound: how long a released gang takes to bind all its replicas.
 
-The owner reference names a StatefulSet of an API group nobody serves
-(``bench.gpu-scheduler.io/v1``): the garbage collector cannot resolve it, so it never deletes the
-pods as orphans, and the scheduler, finding no ``apps/v1`` StatefulSet of that name, takes the
-gang's replicas from the map (each workload's map names exactly its replicas).
+Each workload's pods are owned by a real ``apps/v1`` StatefulSet of that name, created in the
+run's namespace before its pods (``owners``): what the scheduler reads for the gang's replicas
+(``spec.replicas``), and what the garbage collector finds, as in a user's cluster. The bench
+creates the replicas itself, as in arm A: its control plane runs no StatefulSet controller
+(``Cluster.start(controllers_off=...)``), which would otherwise make the same pods. (Until stop 37
+the owner was a StatefulSet of an API group nobody serves: the garbage collector retried each one,
+and the scheduler's read of each gang's StatefulSet was a 404.)
 """
 
 from __future__ import annotations
@@ -23,29 +26,63 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.raw import ApiError, Raw
-from bench.workload import PodSpec
+from bench.workload import IMAGE, WORKLOAD_LABEL, PodSpec
 from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 
 GANG_ARMS = ("G", "GR")
-OWNER_API = "bench.gpu-scheduler.io/v1"
+# kube-controller-manager's controller the bench's control plane leaves off (see above).
+CONTROLLERS_OFF = ("statefulset-controller",)
 BLOCKER_NS = "bench-gang-blocker"
 
 
-def as_gang(pods: list[PodSpec]) -> list[PodSpec]:
-    """The same pods, each a member of its workload's gang."""
+def workload_of(pod: PodSpec) -> str:
+    return pod.name.rsplit("-", 1)[0]
+
+
+def owners(raw: Raw, namespace: str, pods: list[PodSpec]) -> dict[str, str]:
+    """A StatefulSet for each workload of ``pods`` (as many replicas as it has pods here):
+    workload -> the StatefulSet's uid."""
+    counts: dict[str, int] = {}
+    for pod in pods:
+        counts[workload_of(pod)] = counts.get(workload_of(pod), 0) + 1
+    uids = {}
+    for workload, replicas in counts.items():
+        labels = {WORKLOAD_LABEL: workload}
+        sts = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": workload},
+            "spec": {
+                "replicas": replicas,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": {GANG_ANNOTATION: "true"}},
+                    "spec": {"containers": [{"name": "main", "image": IMAGE}]},
+                },
+            },
+        }
+        made = raw.post(f"/apis/apps/v1/namespaces/{namespace}/statefulsets", sts, ok=(201,))
+        uids[workload] = made["metadata"]["uid"]
+    return uids
+
+
+def as_gang(pods: list[PodSpec], uids: dict[str, str]) -> list[PodSpec]:
+    """The same pods, each a member of its workload's gang (owned by its StatefulSet, ``uids``)."""
     out = []
     for pod in pods:
         body = json.loads(pod.body)
         meta = body["metadata"]
-        workload = pod.name.rsplit("-", 1)[0]
+        workload = workload_of(pod)
         meta.setdefault("annotations", {})[GANG_ANNOTATION] = "true"
         meta["ownerReferences"] = [
             {
-                "apiVersion": OWNER_API,
+                "apiVersion": "apps/v1",
                 "kind": "StatefulSet",
                 "name": workload,
-                "uid": f"bench-{workload}",
+                "uid": uids[workload],
                 "controller": True,
+                "blockOwnerDeletion": True,
             }
         ]
         out.append(PodSpec(pod.name, pod.node, pod.gpu, json.dumps(body).encode()))
@@ -53,8 +90,8 @@ def as_gang(pods: list[PodSpec]) -> list[PodSpec]:
 
 
 def released(pods: list[PodSpec]) -> list[PodSpec]:
-    """Arm GR's pods: workload w0's gang."""
-    return [p for p in as_gang(pods) if p.name.startswith("w0-")]
+    """Arm GR's pods: workload w0's."""
+    return [p for p in pods if workload_of(p) == "w0"]
 
 
 class Release:

@@ -46,7 +46,7 @@ from bench.arms import (
     delete_pods,
 )
 from bench.dra import DraBench
-from bench.gang import GANG_ARMS, Release, as_gang, released
+from bench.gang import CONTROLLERS_OFF, GANG_ARMS, Release, as_gang, owners, released
 from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
@@ -96,7 +96,7 @@ class Bench:
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
         log(f"starting the control plane in {self.workdir}")
-        self.cluster = Cluster.start(self.workdir / "cluster", gpu_nodes=0)
+        self.cluster = Cluster.start(self.workdir / "cluster", gpu_nodes=0, controllers_off=CONTROLLERS_OFF)
         # Connections for the creator, the raw binder and the pod watch at once.
         self.raw = Raw(
             self.cluster.kubeconfig, maxsize=self.scale.create_threads + self.scale.bind_threads + 4
@@ -285,8 +285,11 @@ class Bench:
             arm, SCHEDULER if arm in ("A", "E", *GANG_ARMS) else NOBODY
         )
         pods = bind_pods(plan, scheduler_name=scheduler_name, pin=arm in ("B", "B2"))
-        pods = {"G": as_gang, "GR": released}.get(arm, lambda p: p)(pods)
         ns = self.namespace(f"{arm}-{plan.key}")
+        if arm == "GR":
+            pods = released(pods)
+        if arm in GANG_ARMS:  # their StatefulSets first, as in a user's cluster
+            pods = as_gang(pods, owners(self.raw, ns, pods))
         hold, go = self.hold_lease, self.release_lease
         if arm == "GR":
             release = Release(self.raw, http_url(self.scheduler, "/metrics"), pods[0], SCHEDULER)

@@ -77,6 +77,7 @@ class Cluster(ServiceRoutes, ClusterNodes):
         real_node: bool = False,
         images: Sequence[Path] = (),
         nvidia_gpus: int = 0,
+        controllers_off: Sequence[str] = (),
     ) -> Cluster:
         """Start every component; on any failure stop what was started and raise.
 
@@ -88,7 +89,8 @@ class Cluster(ServiceRoutes, ClusterNodes):
         listens on the pods' bridge, authorizes nodes (Node,RBAC), and the ``kubernetes``
         Service has endpoints, as in a user's cluster. ``nvidia_gpus``: NVIDIA's DRA driver,
         installed with its own chart on the real node over that many stand-in GPUs
-        (localcluster/nvidia_driver.py).
+        (localcluster/nvidia_driver.py). ``controllers_off``: kube-controller-manager's
+        controllers not to run (``make bench`` creates the StatefulSets' pods itself).
         """
         if nvidia_gpus and not real_node:
             raise ValueError("nvidia_gpus needs real_node=True: NVIDIA's DRA driver runs on the real node")
@@ -129,7 +131,7 @@ class Cluster(ServiceRoutes, ClusterNodes):
                     cluster.node.import_image(Path(archive))
             if service_network:
                 cluster._start_service_proxy(timeout)
-            cluster._start_components(pki, api_port, timeout, webhook_client)
+            cluster._start_components(pki, api_port, timeout, webhook_client, controllers_off)
             if cluster.node is not None:
                 cluster._start_real_node(pki, timeout)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)

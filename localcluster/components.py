@@ -126,7 +126,12 @@ class ComponentProcesses(ClusterClients):
         return path
 
     def _start_components(
-        self, pki: LocalPKI, api_port: int, timeout: float, webhook_client: tuple[Path, Path]
+        self,
+        pki: LocalPKI,
+        api_port: int,
+        timeout: float,
+        webhook_client: tuple[Path, Path],
+        controllers_off: Sequence[str] = (),
     ) -> None:
         etcd_client, etcd_peer = free_port(), free_port()
         self._spawn(
@@ -213,7 +218,8 @@ class ComponentProcesses(ClusterClients):
                 "--bind-address=127.0.0.1",
                 f"--secure-port={free_port()}",
                 # No cloud, no IPAM, no real kubelets: keep to the controllers a workload needs.
-                "--controllers=*,-node-ipam-controller",
+                "--controllers="
+                + ",".join(["*", "-node-ipam-controller", *(f"-{c}" for c in controllers_off)]),
                 "--concurrent-statefulset-syncs=10",
                 "--v=1",
             ],
