@@ -130,7 +130,7 @@ class Scheduler:
             self.pod,
             self._decide_member,
             self._read_statefulset,
-            self.queue.add,
+            self._nudge,
             self.metrics,
         )
         self.health = SchedulerHealth(self)
@@ -276,6 +276,13 @@ class Scheduler:
             log.debug("cause may be gone, retrying now", extra={"pod": key})
             self.queue.add(key)
 
+    def _nudge(self, key: str) -> None:
+        """A gang was admitted: its members that were refused go now, not at their next backoff.
+        The others are in the queue or in a worker's hands already (queued again, one would
+        be bound twice: the second Binding a 409 while the watch catches up)."""
+        if self.waiting.waits(key):
+            self.queue.add(key)
+
     def _clear(self, pod: Mapping[str, Any]) -> None:
         """The pod is bound, finished or gone: forget its retries and reports."""
         key, uid = pod_key(pod), Pod(pod).uid
@@ -342,6 +349,10 @@ class Scheduler:
             if not verdict.go:
                 self._gang_wait(pod, verdict)
                 return
+            if decision.reason == GPU_IN_USE:
+                # Its GPUs were held for it under a stand-in (its gang admitted while the rules
+                # ran) and are its own now: the rules again, not a 1 s retry.
+                decision = self.decide(pod)
         if not decision.ok or decision.entry is None:
             if decision.entry is not None:
                 node = self.nodes.get(decision.entry.node)

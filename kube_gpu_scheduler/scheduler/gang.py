@@ -142,13 +142,15 @@ class Gangs:
             if newly:
                 self._committed.add(gang)
             committed = gang in self._committed
+            # Under the lock, so that a worker's take_held never finds the stand-in gone from
+            # here while its GPUs are still the stand-in's in the ledger.
             phantom = self._phantoms.pop((gang.namespace, gang.owner_uid, ordinal), None)
-        if phantom is not None:
-            held_for, stand_in = phantom
-            if held_for == gang and is_pending(pod):
-                self.ledger.hand_over(Pod(stand_in).uid, pod)  # the GPUs held for it are its own now
-            else:
-                self.ledger.forget(stand_in)  # another revision came: nothing holds them for it
+            if phantom is not None:
+                held_for, stand_in = phantom
+                if held_for == gang and is_pending(pod):
+                    self.ledger.hand_over(Pod(stand_in).uid, pod)  # the GPUs held for it are its own now
+                else:
+                    self.ledger.forget(stand_in)  # another revision came: nothing holds them for it
         if newly:
             for key in self._member_keys(owner):
                 member = self._pod_of(key)
@@ -280,14 +282,14 @@ class Gangs:
         mine = ordinal_of(view.name, view.labels)
         if mine is None or not is_pending(pod):
             return False
-        with self._lock:
+        with self._lock:  # as observe: the stand-in leaves both places at once
             held = self._phantoms.pop((gang.namespace, gang.owner_uid, mine), None)
-        if held is None:
-            return False
-        if held[0] != gang:
-            self.ledger.forget(held[1])
-            return False
-        return self.ledger.hand_over(Pod(held[1]).uid, pod)
+            if held is None:
+                return False
+            if held[0] != gang:
+                self.ledger.forget(held[1])
+                return False
+            return self.ledger.hand_over(Pod(held[1]).uid, pod)
 
     def _ours(self, gang: GangKey) -> Callable[[str, str], bool]:
         """Whether a holder is a member of ``gang`` (or held for one not created yet): another

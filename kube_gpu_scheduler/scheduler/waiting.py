@@ -31,6 +31,11 @@ class WaitingIndex:
         with self._lock:
             self._unwait_locked(key)
 
+    def waits(self, key: str) -> bool:
+        """``key`` was refused and waits for a retry."""
+        with self._lock:
+            return key in self._node_of
+
     def waiting_on(self, nodes: Iterable[str]) -> list[str]:
         """The keys of the pods waiting on any of ``nodes``."""
         with self._lock:

@@ -89,9 +89,13 @@ def test_two_gangs_wanting_one_gpu_never_hold_half_of_it_each() -> None:
     a0, a1 = member("a-0", "0=node1:0\n1=node2:0", "a"), member("a-1", "0=node1:0\n1=node2:0", "a")
     b0, b1 = member("b-0", "0=node1:1\n1=node2:0", "b"), member("b-1", "0=node1:1\n1=node2:0", "b")
     world = gang_world(a0, a1, b0, b1)
-    world.sched.process("ns/a-0")  # gang a admitted: a-1 reserved and queued
+    world.sched.process("ns/a-0")  # gang a admitted: a-1 reserved
     world.sched.process("ns/b-0")  # gang b finds node2:0 reserved for a-1: takes nothing
     assert world.holders("node2", 0) == ["ns/a-1"] and world.holders("node1", 1) == []
+    # a-1 was never refused: the admission queues it not again (its own watch event did; queued
+    # twice, it would be bound twice while the watch catches up, the second Binding a 409).
+    assert world.sched.queue.get(timeout=0) is None
+    world.sched.queue.add("ns/a-1")  # its watch event
     drain(world)
     assert sorted(world.writer.binds) == [("ns/a-0", "node1"), ("ns/a-1", "node2")]
     note = next(n for _, key, _, n in world.events.sent if key == "ns/b-0")
@@ -209,3 +213,34 @@ def test_reserve_all_takes_no_offence_at_the_gangs_own_holders() -> None:
     ]
     assert ledger.reserve_all(claims) == [("ns/x-1", 1, "ns/y-0")]
     assert ledger.reserve_all(claims, lambda uid, key: key == "ns/y-0") == []
+
+
+def test_a_member_whose_rules_saw_its_gpus_under_the_stand_in_is_bound_at_once() -> None:
+    """Replica 1 did not exist when its gang was admitted: its GPU was held for it under a
+    stand-in. When it comes, the informer's thread may be handing the GPU over while a worker
+    already runs the rules, which then find the GPU held (by the stand-in, named as the pod
+    itself). Once the gang check has handed it over, the rules run again: bound now, not after
+    a 1 s retry saying the pod holds its own GPU."""
+    smap = "0=node1:0\n1=node2:0"
+    world = gang_world(member("w-0", smap))
+    world.sched.process("ns/w-0")  # admitted: w-1's GPU held for it
+    assert world.writer.binds == [("ns/w-0", "node1")]
+    assert world.holders("node2", 0) == ["ns/w-1"]
+    late = member("w-1", smap)
+    world.pods.objs["ns/w-1"] = late
+    gangs = world.sched.gangs
+    real = gangs.take_held
+    calls: list[bool] = []
+
+    def handing_over_elsewhere(pod: dict[str, Any], gang: Any) -> bool:
+        calls.append(True)
+        return False if len(calls) == 1 else real(pod, gang)  # the first look: not handed over yet
+
+    gangs.take_held = handing_over_elsewhere  # type: ignore[method-assign]
+    world.sched.process("ns/w-1")
+    assert len(calls) >= 2, calls
+    assert world.writer.binds == [("ns/w-0", "node1"), ("ns/w-1", "node2")]
+    assert not [
+        n for _, key, reason, n in world.events.sent if key == "ns/w-1" and reason == "FailedScheduling"
+    ]
+    assert world.retries() == 0
