@@ -47,6 +47,16 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 BACKGROUND = 20
 
 
+def established(crd: dict[str, Any]) -> bool:
+    """Whether a CustomResourceDefinition read from the apiserver is Established.
+
+    A CRD just created has ``status.conditions: null`` until the apiserver's establishing
+    controller has run (the field has no omitempty), so a missing or null list means "not yet".
+    """
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
 def policy(name: str, namespaces: dict[str, Any], nodes: dict[str, Any], most: int) -> dict[str, Any]:
     return {
         "apiVersion": "gpu-scheduler.io/v1alpha1",
@@ -77,10 +87,10 @@ class TenancyBench:
         crd = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
         grants = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == self.grants]
         cluster.apply([*crd, *grants])
-        self._wait(lambda: any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in self.raw.get(f"{CRDS}/{crd[0]['metadata']['name']}").get("status", {}).get("conditions", [])
-        ), "the GPUPinningPolicy CRD established")  # fmt: skip
+        self._wait(
+            lambda: established(self.raw.get(f"{CRDS}/{crd[0]['metadata']['name']}")),
+            "the GPUPinningPolicy CRD established",
+        )
         for i in range(BACKGROUND):
             body = policy(
                 f"bench-team-{i}",

@@ -191,7 +191,7 @@ def observe(cluster: Cluster, tl: Timeline, apps: tuple[str, ...]) -> bool:
         # Synced and Healthy say nothing of hooks: the sync operation itself must be over.
         done = done and sync == "Synced" and health == "Healthy" and op.get("phase") == "Succeeded"
     for cert in get(cluster, "certificates.cert-manager.io", "-A").get("items", []):
-        for cond in cert.get("status", {}).get("conditions", []):
+        for cond in (cert.get("status") or {}).get("conditions") or []:
             if cond["type"] == "Ready" and cond["status"] == "True":
                 m = cert["metadata"]
                 tl.mark(

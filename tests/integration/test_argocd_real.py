@@ -403,7 +403,7 @@ def test_the_project_refuses_a_destination_outside_it(complete: GitOps) -> None:
     complete.cluster.apply(app)
 
     def refused() -> bool:
-        conds = complete.app("outside-the-project").get("status", {}).get("conditions", [])
+        conds = (complete.app("outside-the-project").get("status") or {}).get("conditions") or []
         return any(
             c.get("type") == "InvalidSpecError"
             and "namespace 'kube-system'" in c.get("message", "")
