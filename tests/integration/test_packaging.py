@@ -311,6 +311,11 @@ def test_check_serves_and_reads_nvml(
 NEIGHBOURS = ("scheduler", "gpu-scheduler")
 
 
+@pytest.mark.slow(
+    reason="pip installs a fresh venv from the package index (two packages, then our wheel and its "
+    "dependencies): about 90 s here, 163 s on a day the index and the machine were slow",
+    budget=300,
+)
 def test_console_scripts_work_beside_the_index_packages_named_like_ours(
     wheel_venv: WheelVenv, tmp_path: Path
 ) -> None:
