@@ -68,7 +68,7 @@ def main() -> int:
         results = Results.from_json((workdir / "results.json").read_text())
         scale = SCALES[results.scale]
         if results.runs:
-            paired = {"A", "G", "T0", "T1"}
+            paired = {"A", "AO", "G", "T0", "T1"}
             scale = dataclasses.replace(
                 scale,
                 reps=1 + max((r.rep for r in results.runs if r.arm not in paired), default=0),

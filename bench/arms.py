@@ -34,9 +34,12 @@ from bench.workload import BENCH, NOBODY, PART_OF, PodSpec
 from kube_gpu_scheduler.domain.injection import held_devices, plain_env, pod_containers
 from kube_gpu_scheduler.domain.schedmap import GPU
 
-ARMS = ("A", "E", "B", "B2", "C", "L", "G", "GR")
+ARMS = ("A", "AO", "E", "B", "B2", "C", "L", "G", "GR")
+# The arms that price gang placement, run more often than the others (Scale.paired_reps).
+PAIRED = ("A", "AO", "G")
 ARM_NAMES = {
     "A": "gpu-scheduler",
+    "AO": "gpu-scheduler, the pods owned by StatefulSets (G's pods, not gangs)",
     "E": "gpu-scheduler, existing pods",
     "B": "kube-scheduler at its client's default QPS (node affinity)",
     "B2": "kube-scheduler, client QPS 5000 / burst 10000 (node affinity)",
@@ -387,6 +390,7 @@ __all__ = [
     "INJECTIONS",
     "INJECTION_NAMES",
     "NOBODY",
+    "PAIRED",
     "WEBHOOK_LABEL",
     "Run",
     "check_placement",

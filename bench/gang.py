@@ -1,8 +1,13 @@
 """The gang arms of ``make bench`` (docs/operate.md "Gang placement").
 
-* ``G``: arm A's pods as gangs: each workload's pods carry ``gpu-scheduler.io/gang: "true"``
-  and a StatefulSet owner (one gang per workload), nothing blocks: the price of all-or-none
-  against A in the same run (target: throughput G/A >= 0.95).
+* ``AO``: arm A's pods each owned by its workload's StatefulSet, as every StatefulSet's replicas
+  are in a user's cluster, placed one by one (no gang annotation): G's twin.
+* ``G``: the same pods as ``AO``, as gangs: each workload's pods also carry
+  ``gpu-scheduler.io/gang: "true"`` (one gang per workload), nothing blocks: the price of
+  all-or-none against the same pods placed one by one, in the same repetition (target:
+  throughput G/AO >= 0.95). G/A is printed too: it adds what the owner references cost the
+  control plane (the garbage collector's graph, the apiserver's bigger objects), which is no
+  price of the gang (AO/A, printed beside it).
 * ``GR``: a released gang: workload ``w0``'s replicas are created while a pod of another
   workload holds the GPU of its replica 0, so the gang waits whole (the scheduler's
   ``gpu_scheduler_gangs_waiting`` says so); the clock starts when that pod is deleted and stops
@@ -30,6 +35,8 @@ from bench.workload import IMAGE, WORKLOAD_LABEL, PodSpec
 from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 
 GANG_ARMS = ("G", "GR")
+# The arms whose pods are owned by real StatefulSets.
+OWNED_ARMS = ("AO", *GANG_ARMS)
 # kube-controller-manager's controller the bench's control plane leaves off (see above).
 CONTROLLERS_OFF = ("statefulset-controller",)
 BLOCKER_NS = "bench-gang-blocker"
@@ -39,9 +46,9 @@ def workload_of(pod: PodSpec) -> str:
     return pod.name.rsplit("-", 1)[0]
 
 
-def owners(raw: Raw, namespace: str, pods: list[PodSpec]) -> dict[str, str]:
-    """A StatefulSet for each workload of ``pods`` (as many replicas as it has pods here):
-    workload -> the StatefulSet's uid."""
+def owners(raw: Raw, namespace: str, pods: list[PodSpec], gang: bool = True) -> dict[str, str]:
+    """A StatefulSet for each workload of ``pods`` (as many replicas as it has pods here; its
+    template a gang's when ``gang``): workload -> the StatefulSet's uid."""
     counts: dict[str, int] = {}
     for pod in pods:
         counts[workload_of(pod)] = counts.get(workload_of(pod), 0) + 1
@@ -57,7 +64,7 @@ def owners(raw: Raw, namespace: str, pods: list[PodSpec]) -> dict[str, str]:
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": labels},
                 "template": {
-                    "metadata": {"labels": labels, "annotations": {GANG_ANNOTATION: "true"}},
+                    "metadata": {"labels": labels, "annotations": {GANG_ANNOTATION: "true"} if gang else {}},
                     "spec": {"containers": [{"name": "main", "image": IMAGE}]},
                 },
             },
@@ -67,14 +74,16 @@ def owners(raw: Raw, namespace: str, pods: list[PodSpec]) -> dict[str, str]:
     return uids
 
 
-def as_gang(pods: list[PodSpec], uids: dict[str, str]) -> list[PodSpec]:
-    """The same pods, each a member of its workload's gang (owned by its StatefulSet, ``uids``)."""
+def owned(pods: list[PodSpec], uids: dict[str, str], gang: bool) -> list[PodSpec]:
+    """The same pods, each owned by its workload's StatefulSet (``uids``), and a member of its
+    gang when ``gang``."""
     out = []
     for pod in pods:
         body = json.loads(pod.body)
         meta = body["metadata"]
         workload = workload_of(pod)
-        meta.setdefault("annotations", {})[GANG_ANNOTATION] = "true"
+        if gang:
+            meta.setdefault("annotations", {})[GANG_ANNOTATION] = "true"
         meta["ownerReferences"] = [
             {
                 "apiVersion": "apps/v1",

@@ -39,6 +39,7 @@ from bench import arms
 from bench.arms import (
     ARMS,
     INJECTIONS,
+    PAIRED,
     STATEFULSET_CONTROLLER,
     WEBHOOK_LABEL,
     Run,
@@ -46,7 +47,7 @@ from bench.arms import (
     delete_pods,
 )
 from bench.dra import DraBench
-from bench.gang import CONTROLLERS_OFF, GANG_ARMS, Release, as_gang, owners, released
+from bench.gang import CONTROLLERS_OFF, GANG_ARMS, OWNED_ARMS, Release, owned, owners, released
 from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
 from bench.scales import Results, Scale, log, machine
@@ -282,14 +283,15 @@ class Bench:
     def bind_run(self, arm: str, plan: Plan, rep: int, measure_memory: bool = False) -> Run:
         assert self.raw is not None and self.scheduler is not None
         scheduler_name = {"B": "default-scheduler", "B2": TUNED}.get(
-            arm, SCHEDULER if arm in ("A", "E", *GANG_ARMS) else NOBODY
+            arm, SCHEDULER if arm in ("A", "E", *OWNED_ARMS) else NOBODY
         )
         pods = bind_pods(plan, scheduler_name=scheduler_name, pin=arm in ("B", "B2"))
         ns = self.namespace(f"{arm}-{plan.key}")
         if arm == "GR":
             pods = released(pods)
-        if arm in GANG_ARMS:  # their StatefulSets first, as in a user's cluster
-            pods = as_gang(pods, owners(self.raw, ns, pods))
+        if arm in OWNED_ARMS:  # their StatefulSets first, as in a user's cluster
+            gang = arm in GANG_ARMS
+            pods = owned(pods, owners(self.raw, ns, pods, gang), gang)
         hold, go = self.hold_lease, self.release_lease
         if arm == "GR":
             release = Release(self.raw, http_url(self.scheduler, "/metrics"), pods[0], SCHEDULER)
@@ -388,10 +390,11 @@ class Bench:
                     for arm in order:
                         run = self.bind_run(arm, plan, rep, measure_memory=arm in ("A", "E"))
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
-            # More pairs of A and G than of the others, for G/A (Scale.paired_reps).
+            # More repetitions of A, AO and G than of the others, for G/AO (Scale.paired_reps).
             for rep in range(self.scale.reps, self.scale.feature_reps):
                 for plan in plans:
-                    for arm in ("A", "G") if rep % 2 == 0 else ("G", "A"):
+                    order = PAIRED[rep % len(PAIRED) :] + PAIRED[: rep % len(PAIRED)]
+                    for arm in order:
                         run = self.bind_run(arm, plan, rep)
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
 

@@ -35,7 +35,7 @@ class Scale:
     # The DRA phase (bench/dra.py): its plan, and how many other allocated claims arm DF runs beside.
     dra_plan: Plan = DRA_PLAN
     dra_foreign: int = 3000
-    # The price of a feature (G/A: gangs; T1/T0: tenancy) is the median of ratios within each
+    # The price of a feature (G/AO: gangs; T1/T0: tenancy) is the median of ratios within each
     # repetition, each pair run back to back; one pair ranged from 0.72 to 1.28 on these shared
     # cores, so those arms run more repetitions than the others (0: as many). The median of 3
     # to 5 pairs of G/A at 5 pods per node still ranged from 0.88 to 1.06 between runs, both
@@ -44,7 +44,7 @@ class Scale:
 
     @property
     def feature_reps(self) -> int:
-        """Repetitions of the paired feature arms (A and G, T0 and T1)."""
+        """Repetitions of the paired feature arms (A, AO and G; T0 and T1)."""
         return max(self.reps, self.paired_reps)
 
     @property

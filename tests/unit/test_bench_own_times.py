@@ -87,8 +87,45 @@ def test_a_features_price_is_the_median_of_its_ratios_within_each_repetition() -
         return Run(arm, "n100-p500-r1", rep, 500, 5.0, value, 0.05, 0.2)
 
     runs = [tp("A", 0, 60.0), tp("G", 0, 58.2), tp("A", 1, 45.0), tp("G", 1, 43.65), tp("A", 2, 50.0)]
+    # AO (G's pods, owned by StatefulSets, not gangs): 5% behind A, G 2% behind AO.
+    runs += [tp("AO", 0, 57.0), tp("AO", 1, 42.75)]
     assert math.isclose(paired_ratio(runs, "n100-p500-r1", "G", "A"), 0.97)
-    rows = {(w, p): v for w, p, v, _ in ratios(Results("default", "", "", {}, runs=runs), SCALES["default"])}
-    (value,) = [v for (w, p), v in rows.items() if w.startswith("throughput G/A") and p.endswith("1/node")]
-    assert math.isclose(value, 0.97)
+    rows = {
+        (w, p): (v, t) for w, p, v, t in ratios(Results("default", "", "", {}, runs=runs), SCALES["default"])
+    }
+
+    def row(prefix: str) -> tuple[float, str]:
+        (found,) = [vt for (w, p), vt in rows.items() if w.startswith(prefix) and p.endswith("1/node")]
+        return found
+
+    # The gang's price, with its target, is against its twin; G/A and AO/A are printed beside it.
+    value, target = row("throughput G/AO ")
+    assert math.isclose(value, 58.2 / 57.0) and target == ">= 0.95"
+    value, target = row("throughput G/A ")
+    assert math.isclose(value, 0.97) and target == ""
+    value, target = row("throughput AO/A ")
+    assert math.isclose(value, 0.95) and target == ""
     assert math.isnan(paired_ratio(runs, "n100-p500-r5", "G", "A"))  # no run of that plan
+
+
+def test_the_gang_arms_twin_has_the_same_owners_and_no_gang_annotation() -> None:
+    """AO and G place the same pods, both owned by their workload's StatefulSet; only G's are gangs."""
+    from bench.gang import owned
+    from bench.workload import Plan, bind_pods
+    from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
+
+    pods = bind_pods(Plan(10, 20, 2), scheduler_name="gpu-scheduler", pin=False)
+    uids = {p.name.rsplit("-", 1)[0]: f"uid-{p.name.rsplit('-', 1)[0]}" for p in pods}
+    twin, gang = owned(pods, uids, gang=False), owned(pods, uids, gang=True)
+    for plain, a, g in zip(pods, twin, gang, strict=True):
+        a_meta, g_meta = json.loads(a.body)["metadata"], json.loads(g.body)["metadata"]
+        assert a_meta["ownerReferences"] == g_meta["ownerReferences"]
+        (ref,) = a_meta["ownerReferences"]
+        assert ref["kind"] == "StatefulSet" and ref["uid"] == uids[plain.name.rsplit("-", 1)[0]]
+        assert GANG_ANNOTATION not in a_meta.get("annotations", {})
+        assert g_meta["annotations"][GANG_ANNOTATION] == "true"
+        # Nothing else differs from arm A's pod.
+        g_meta["annotations"].pop(GANG_ANNOTATION)
+        for meta in (a_meta, g_meta):
+            meta.pop("ownerReferences")
+        assert a_meta == g_meta == json.loads(plain.body)["metadata"]
