@@ -6,8 +6,9 @@ Environment:
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
   one repetition: what ``make test`` runs);
 * ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
-* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3, and 5 for the pairs
-  that price a feature, A and G, T0 and T1; smoke 1);
+* ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3, and 9 for the arms
+  that price a feature, A, AO and G, T0 and T1; smoke 1; ``python -m bench.pairs`` runs more
+  pairs of A, AO and G alone);
 * ``BENCH_WORKDIR``: the control plane, logs, results.json and the profile
   (default .cluster/bench).
 

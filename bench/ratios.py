@@ -34,6 +34,18 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
+def cpu_per_pod(results: Results, arm: str, plan: str, process: str | None = None) -> float:
+    """The median over the arm's runs of the CPU seconds per pod of ``process`` (None: of every
+    process measured) during the timed part."""
+    return median(
+        [
+            (sum(r.cpu.values()) if process is None else r.cpu.get(process, 0.0)) / r.pods
+            for r in runs_of(results, arm, plan)
+            if r.cpu
+        ]
+    )
+
+
 def paired_ratio(runs: list[Run], plan: str, x: str, y: str, attr: str = "throughput") -> float:
     """The median over the repetitions of x/y within each: the price of a feature, where both
     arms run back to back in every repetition. The control plane's pace drifts between
@@ -99,7 +111,22 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
                 paired_ratio(results.runs, plan.key, "AO", "A"),
                 "",
             ),
-        ]
+            # The same price in CPU: each pair's throughput moves with the shared cores' pace
+            # (single pairs ranged from 0.7 to 1.4), the CPU a pod costs much less.
+            (
+                "the gpu-scheduler's CPU per pod, G/AO (lower is better)",
+                plan.label,
+                _ratio(cpu_per_pod(results, "G", plan.key, "gpu-scheduler"), cpu_per_pod(results, "AO", plan.key, "gpu-scheduler")),
+                "",
+            ),
+            (
+                "CPU per pod of every process (the control plane, kwok, the schedulers, the harness), "
+                "G/AO (lower is better: on these shared cores throughput ~ 1 / CPU per pod)",
+                plan.label,
+                _ratio(cpu_per_pod(results, "G", plan.key), cpu_per_pod(results, "AO", plan.key)),
+                "",
+            ),
+        ]  # fmt: skip
         for against in ("L", "B2"):
             free = free_scheduler_bound(results, plan.key, against)
             if free is not None:

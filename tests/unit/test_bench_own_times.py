@@ -129,3 +129,22 @@ def test_the_gang_arms_twin_has_the_same_owners_and_no_gang_annotation() -> None
         for meta in (a_meta, g_meta):
             meta.pop("ownerReferences")
         assert a_meta == g_meta == json.loads(plain.body)["metadata"]
+
+
+def test_bench_pairs_ratios_are_within_each_repetition() -> None:
+    """``python -m bench.pairs``: G against its twin AO and against A, in throughput and in CPU
+    per pod (every process, and the gpu-scheduler alone), one repetition at a time."""
+    from bench.pairs import RATIOS, ratios, summary
+
+    def run(arm: str, throughput: float, scheduler: float, other: float) -> Run:
+        r = Run(arm, "n100-p500-r5", 0, 500, 5.0, throughput, 0.05, 0.2)
+        r.cpu = {"gpu-scheduler": scheduler, "kube-apiserver": other}
+        return r
+
+    rep = ratios(
+        {"A": run("A", 100.0, 1.0, 9.0), "AO": run("AO", 90.0, 1.0, 9.5), "G": run("G", 99.0, 1.1, 9.5)}
+    )
+    assert [round(v, 3) for v in rep] == [1.1, 0.99, round(10.6 / 10.5, 3), 1.1]
+    lines = summary([rep, (1.0, 1.0, 1.0, 1.0), (0.9, 0.8, 1.2, 1.3)])
+    assert [line.split(":")[0] for line in lines] == list(RATIOS)
+    assert lines[0].startswith("throughput G/AO: median 1.000, mean 1.000, sd 0.100 (3 repetitions)")
