@@ -2,7 +2,7 @@
 
 Environment:
 
-* ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; under 15 minutes on 2 cores),
+* ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; about 35 minutes on 2 cores),
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
   one repetition: what ``make test`` runs);
 * ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
