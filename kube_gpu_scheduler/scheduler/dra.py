@@ -7,7 +7,9 @@ mapped replica to kube-scheduler, pinned to its node, with a reference to the cl
 * makes that claim from the pod's entry, resolved against its node's ResourceSlices
   (one request per GPU, each a CEL selector on the device's UUID or PCI bus ID); a name
   that does not resolve gets a ``GPUNotPublished`` Event saying which and why, and the
-  claim is made as soon as a slice publishes it;
+  claim is made as soon as a slice publishes it (a claim not yet allocated whose GPU its
+  node's slices stop publishing, made from a view of them the watch has corrected since, is
+  deleted and waits the same way);
 * opens the pod's scheduling gate once the claim asks for its entry;
 * pins an allocated claim: it adds the replica's StatefulSet to ``status.reservedFor``
   beside the pod. The resourceclaim controller deallocates a claim when its last *pod*
@@ -307,6 +309,21 @@ class ClaimController:
                     CLAIM_REPLACED,
                     f"{CLAIM_REPLACED}: ResourceClaim {namespace}/{name} is deleted and made again for entry "
                     f"'{entry}': {why}.",
+                )
+            return done
+        if resolved is None and not allocated and not bound:
+            # Made from a view of the slices that their watch has corrected since (a GPU replaced
+            # just before the replica came): the claim asks for a device no slice publishes, so
+            # kube-scheduler can never allocate it. Delete it; it is made again, for whatever the
+            # slices publish then, as soon as they resolve the entry.
+            done = self._unpin(claim, delete=True)
+            if done is Next.DONE:
+                self._events.warning(
+                    pod,
+                    GPU_NOT_PUBLISHED,
+                    f"{GPU_NOT_PUBLISHED}: replica {ordinal} (entry '{entry}') waits: {unresolved}. Its "
+                    f"ResourceClaim {namespace}/{name}, made before the node's ResourceSlices changed, is "
+                    "deleted and made again as soon as they publish it.",
                 )
             return done
         # The entry's devices, and those the claim holds (they differ only after a slice change).

@@ -405,6 +405,36 @@ def test_an_unpublished_gpu_waits_with_an_event_and_the_slice_that_publishes_it_
     assert w.writer.calls == [("create", "ns/w-0-gpus")]
 
 
+def test_a_claim_made_before_its_gpu_left_the_slices_is_deleted_and_made_again_once_published() -> None:
+    """The replica's pod came before the slices' change did (watches of two resources are not
+    ordered): its claim asks for index 3, which the node no longer publishes. kube-scheduler can
+    never allocate it, so it is deleted, the gate stays closed, and the wait is explained."""
+    w = World()
+    w.sets.put(statefulset(smap="0=n1:3", replicas=1))
+    pod = w.pods.put(replica("w-0", "0=n1:3"))
+    w.claims.put(w.claim(pod))
+    w.drain()
+    w.slices.put(node_slice("n1", 3))
+    assert w.drain() == ["pod:ns/w-0"]
+    assert w.ctl.process("pod:ns/w-0") is Next.DONE
+    assert w.writer.calls == [("delete", "ns/w-0-gpus")]
+    [note] = w.events.notes(GPU_NOT_PUBLISHED)
+    assert "GPU index 3 does not exist on node n1" in note and "is deleted and made again" in note
+    # Deleting fails (a conflict): retried, nothing else done, no event yet.
+    w.writer.calls.clear()
+    w.writer.fail["delete"] = False
+    assert w.ctl.process("pod:ns/w-0") is Next.AGAIN
+    assert w.writer.calls == [] and len(w.events.notes(GPU_NOT_PUBLISHED)) == 1
+    # An allocated claim is left alone (AllocatedGPUGone says why), and so is a bound replica's.
+    w.writer.fail.clear()
+    w.slices.put(node_slice("n1", 4))
+    w.claims.put(w.claim(pod, allocated=True))
+    w.slices.put(node_slice("n1", 3))
+    w.drain()
+    w.ctl.process("pod:ns/w-0")
+    assert ("delete", "ns/w-0-gpus") not in w.writer.calls
+
+
 def test_a_claim_that_is_not_ours_is_named() -> None:
     w = World()
     pod = w.pods.put(replica("w-0", "0=n1:0"))
