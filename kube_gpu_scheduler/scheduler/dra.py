@@ -63,19 +63,19 @@ from kube_gpu_scheduler.domain.rules.catalogue import (
     CLAIM_CREATED,
     CLAIM_NOT_OURS,
     CLAIM_REPLACED,
-    GPU_ALLOCATED_ELSEWHERE,
     GPU_NOT_PUBLISHED,
 )
 from kube_gpu_scheduler.domain.schedmap import Entry, MapError
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import Obj, object_key
-from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, DeviceKey, is_ours
+from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, is_ours
 from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
 from kube_gpu_scheduler.scheduler.dragang import DraGangs
 from kube_gpu_scheduler.scheduler.drahandlers import CLAIM, POD, Cache, DraHandlers, Handler
 from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.drataints import Tainted, TaintedGpus, evicting, tainted
+from kube_gpu_scheduler.scheduler.drawaits import DeviceWaits
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.eviction import Evictions, Evictor
 from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
@@ -127,6 +127,7 @@ class ClaimController:
         self.threads: list[threading.Thread] = []
         self._on = DraHandlers(self.index, self.queue, self.backoff)
         self.gangs = DraGangs(self)
+        self.waits = DeviceWaits(self)
         # Set by attach(): the caches (informers in production).
         self.pods: Cache
         self.claims: Cache
@@ -369,66 +370,8 @@ class ClaimController:
                     f"{GPU_NOT_PUBLISHED}: replica {ordinal} (entry '{entry}') waits: {unresolved}.",
                 )
             return Next.DONE
-        return self._waits(pod, ordinal, entry, resolved, f"{namespace}/{name}")
-
-    def _waits(self, pod: Obj, ordinal: int, entry: Entry, resolved: list[dra.Device], own: str) -> Next:
-        """The claim asks for its devices and is not allocated: is a device another claim's?"""
-        key = Pod(pod).key
-        wanted: list[DeviceKey] = [(self.driver, d.pool, d.name) for d in resolved]
-        # Recorded before the holders are read: a release from now on enqueues this replica.
-        self.index.wait(key, wanted)
-        held: list[tuple[DeviceKey, dra.Device, Obj]] = []
-        for device_key, device in zip(wanted, resolved, strict=True):
-            for claim_key in self.index.holders(device_key):
-                holder = self.claims.get(claim_key)
-                if claim_key != own and holder is not None and dra.allocation(holder):
-                    held.append((device_key, device, holder))
-                    break
-        self.index.wait(key, [h[0] for h in held])
-        if not held:
-            return Next.DONE  # kube-scheduler allocates it; nothing of ours to explain
-        _, device, holder = held[0]
-        self._explain_holder(pod, ordinal, entry, device, holder)
-        return Next.WAITING
-
-    def _explain_holder(self, pod: Obj, ordinal: int, entry: Entry, device: dra.Device, holder: Obj) -> None:
-        hview = Pod(holder)
-        hns = hview.namespace or ""
-        users = ", ".join(f"pod {hns}/{r.get('name')}" for r in dra.pod_refs(holder)) or "no running pod"
-        where = f"{entry.node}/{device.describe()}"
-        note = (
-            f"{GPU_ALLOCATED_ELSEWHERE}: replica {ordinal} (entry '{entry}') waits for {where}, which is "
-            f"allocated to ResourceClaim {hns}/{hview.name} ({users}). It is placed as soon as that "
-            "claim releases it."
-        )
-        for ref in dra.pod_refs(holder) if is_ours(holder) else ():
-            said = self._holder_note(pod, hns, ref, device)
-            if said:
-                note += f" Pod {hns}/{ref.get('name')}: {said}."
-        self._events.warning(pod, GPU_ALLOCATED_ELSEWHERE, note)
-
-    def _holder_note(self, pod: Obj, hns: str, ref: Mapping[str, Any], device: dra.Device) -> str:
-        """The rollout eviction decision for one pod of a claim of ours that holds ``device``."""
-        key = f"{hns}/{ref.get('name')}"
-        holder = self.pods.get(key)
-        if holder is not None and Pod(holder).uid != str(ref.get("uid")):
-            return "it is gone (replaced by a new pod of that name)"
-        namespace = Pod(pod).namespace or ""
-
-        def statefulset(owner: Mapping[str, Any]) -> Mapping[str, Any]:
-            return self._statefulset(namespace, owner) or {}
-
-        def keeps(new: Entry) -> bool:
-            """Whether the holder's new entry, resolved on its node, still holds ``device``."""
-            if new.node != device.node:
-                return False
-            try:
-                again = dra.resolve(new, self.devices(new.node))
-            except dra.Unresolved:
-                return True  # its new entry is not published: never move it blindly
-            return any(d.pool == device.pool and d.name == device.name for d in again)
-
-        return self.evictions.note(pod, holder, key, statefulset, keeps)
+        held = self.waits.explain(pod, ordinal, entry, resolved, f"{namespace}/{name}")
+        return Next.WAITING if held else Next.DONE
 
     # -- a claim of ours ------------------------------------------------------------------------
 

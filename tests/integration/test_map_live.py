@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
 from kube_gpu_scheduler.domain.rules import GPU_IN_USE, MAP_CONFLICT, NODE_AFFINITY
 from localcluster.cluster import REPO, Cluster, tool
@@ -124,13 +125,26 @@ def doc_blocks(heading: str, doc: Path = DOC) -> list[str]:
 
 
 def test_the_documented_status_and_plan_commands_run_as_written(
-    cluster: Cluster, start_scheduler: Callable[..., ManagedProcess]
+    cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess]
 ) -> None:
     """Every command of docs/operate.md's "Who holds which GPU" and "A plan before apply", and of
     docs/scheduler.md's "Who holds what, and who waits" (which replaced the stale custom-columns
     recipe), from the doc, on the session's node1..node3 (the example's nodes); a plan may say a replica would
-    wait (another test's pods may hold the example's GPUs), but it must decide (exit 0 or 1)."""
+    wait (another test's pods may hold the example's GPUs), but it must decide (exit 0 or 1). Each
+    command prints something: a replica of this test's own waits, so the waiting replicas' commands
+    have one to show whatever other tests left behind on this worker's control plane."""
     start_scheduler()
+    cluster.apply(
+        [in_ns(statefulset("waits", "0=node1:0", 1, nodeSelector={"example.com/none": "x"}), namespace)]
+    )
+
+    def failed_scheduling() -> list[Any]:
+        events = client.CoreV1Api(kube).list_namespaced_event(
+            namespace, field_selector="reason=FailedScheduling"
+        )
+        return list(events.items)
+
+    wait_for(failed_scheduling, 60, what="a FailedScheduling event on waits-0")
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
