@@ -166,7 +166,12 @@ def test_only_admins_write_policies(tenancy: Tenancy) -> None:
 
 
 class Sampler(threading.Thread):
-    """Every ~20 ms: the GPUs bound, active pods of ``namespaces`` hold on ``node``."""
+    """Every ~20 ms: the GPUs bound, active pods of ``namespaces`` hold on ``node``.
+
+    Each sample is ONE list of the node's pods across all namespaces, so one resourceVersion:
+    a list per namespace, one after the other, could see a replica of one tenant that was
+    deleted since the other tenant's list, beside the replica that took its GPU meanwhile
+    (4 GPUs "held" through a limit of 3 that was never exceeded: CI saw it)."""
 
     def __init__(self, kube: Any, namespaces: list[str], node: str) -> None:
         super().__init__(daemon=True)
@@ -178,19 +183,18 @@ class Sampler(threading.Thread):
         while not self._stop_evt.is_set():
             held, who = 0, []
             try:
-                for ns in self.namespaces:
-                    for p in pods(self.kube, ns):
-                        if p["spec"].get("nodeName") == self.node and p["status"].get("phase") not in (
-                            "Succeeded",
-                            "Failed",
-                        ):
-                            env = {
-                                e["name"]: e.get("value", "")
-                                for e in p["spec"]["containers"][0].get("env") or []
-                            }
-                            gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
-                            held += len(gpus)
-                            who.append(f"{ns}/{p['metadata']['name']}")
+                resp = client.CoreV1Api(self.kube).list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={self.node}", _preload_content=False
+                )
+                for p in json.loads(resp.data)["items"]:
+                    ns = p["metadata"]["namespace"]
+                    if ns in self.namespaces and p["status"].get("phase") not in ("Succeeded", "Failed"):
+                        env = {
+                            e["name"]: e.get("value", "") for e in p["spec"]["containers"][0].get("env") or []
+                        }
+                        gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+                        held += len(gpus)
+                        who.append(f"{ns}/{p['metadata']['name']}")
             except Exception:  # a transient error is no verdict
                 continue
             self.samples.append((time.monotonic(), held, who))
