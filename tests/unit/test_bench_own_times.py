@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from pathlib import Path
+
+import pytest
 
 from bench.arms import Run
 from bench.measure import own_times
 from bench.ratios import paired_ratio, ratios
+from bench.runner import Bench
 from bench.scales import SCALES, Results
 from kube_gpu_scheduler.base.logs import JsonFormatter
 
@@ -148,3 +153,42 @@ def test_bench_pairs_ratios_are_within_each_repetition() -> None:
     lines = summary([rep, (1.0, 1.0, 1.0, 1.0), (0.9, 0.8, 1.2, 1.3)])
     assert [line.split(":")[0] for line in lines] == list(RATIOS)
     assert lines[0].startswith("throughput G/AO: median 1.000, mean 1.000, sd 0.100 (3 repetitions)")
+
+
+def test_arm_e_starts_its_clock_before_the_scheduler_can_have_bound_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Bench.release_lease`` (arm E's ``go()``): the scheduler takes the Lease and binds its
+    first pods before ``/health`` answers "leading"; the moment returned comes before any of
+    them, so no latency is negative (the smoke test once saw a p50 of -7 ms)."""
+    bench = Bench(SCALES["smoke"], tmp_path, "test")
+    written: list[str | None] = []
+    monkeypatch.setattr(bench, "_write_lease", written.append)
+    first_bound: list[float] = []
+
+    def leads() -> bool:
+        if len(first_bound) < 2:  # asked twice while the scheduler does not lead yet
+            first_bound.append(math.inf)
+            return False
+        # It took the Lease meanwhile and bound a pod before this answer arrived.
+        first_bound.append(time.monotonic())
+        time.sleep(0.02)
+        return True
+
+    monkeypatch.setattr(bench, "_scheduler_leads", leads)
+    start = bench.release_lease()
+    assert written == [None]
+    assert start <= min(first_bound), (start, first_bound)
+    # Not earlier than needed: the start of the last "not leading" ask, within a poll interval.
+    assert min(first_bound) - start < 1.0
+
+
+def test_arm_e_clock_starts_at_the_release_when_the_first_ask_already_leads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = Bench(SCALES["smoke"], tmp_path, "test")
+    monkeypatch.setattr(bench, "_write_lease", lambda holder: time.sleep(0.01))
+    before = time.monotonic()
+    monkeypatch.setattr(bench, "_scheduler_leads", lambda: True)
+    start = bench.release_lease()
+    assert before <= start <= time.monotonic()
