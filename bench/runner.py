@@ -373,12 +373,10 @@ class Bench:
     def release_lease(self) -> float:
         """Give the Lease back; the moment the scheduler leads again (it polls every 2 s).
 
-        That moment lies between the last ``/health`` asked that still said "not leading" and
-        the first that said "leading" (or the Lease's release, when the first ask says "leading"):
-        the start of that last ask is returned, never a moment
-        after it, so no pod's latency from it is negative. (The first "leading" answer can come
-        after the scheduler has bound its first pods, 20 of them in a few milliseconds: latencies
-        from it were negative, and the smoke test's p50 >= 0 failed on a loaded machine.)"""
+        It lies after the last ``/health`` ask that still said "not leading" (or the Lease's
+        release) began: that start is returned, so no latency from it is negative. The first
+        "leading" answer can come after the scheduler bound its first pods (20 in a few ms: the
+        smoke test once saw a p50 of -7 ms)."""
         last_no = time.monotonic()  # the scheduler cannot lead before its Lease is given back
         self._write_lease(None)
         deadline = last_no + 60
