@@ -96,8 +96,16 @@ def dockerfile_copy_sources(text: str | None = None) -> list[str]:
     return out
 
 
+def base_ref() -> str:
+    """The local Python base image's reference: keyed by the Debian suite and the package list."""
+    suite = versions().get("IMAGE_DEBIAN_SUITE", "bookworm")
+    key = hashlib.sha256(f"{suite} {' '.join(BASE_PACKAGES)}".encode()).hexdigest()[:10]
+    return f"{REPOSITORY}/python-base:{suite}-{key}"
+
+
 def context_digest() -> str:
-    h = hashlib.sha256()
+    """The image's key: its build context and its base (a tag names one image, never two)."""
+    h = hashlib.sha256(base_ref().encode() + b"\0")
     for f in context_files():
         h.update(str(f.relative_to(REPO)).encode() + b"\0")
         h.update(f.read_bytes() + b"\0")
@@ -139,12 +147,11 @@ def buildah(*args: str, check: bool = True, timeout: float = 1200) -> subprocess
 
 def base_image() -> str:
     """The local Python base (mmdebstrap minbase), built once per suite and package list."""
+    ref = base_ref()
     suite = versions().get("IMAGE_DEBIAN_SUITE", "bookworm")
-    key = hashlib.sha256(f"{suite} {' '.join(BASE_PACKAGES)}".encode()).hexdigest()[:10]
-    ref = f"{REPOSITORY}/python-base:{suite}-{key}"
     if buildah("inspect", "--type", "image", ref, check=False).returncode == 0:
         return ref
-    tar = cache_dir() / "image-base" / f"{suite}-{key}.tar"
+    tar = cache_dir() / "image-base" / f"{ref.rsplit(':', 1)[1]}.tar"
     if not tar.exists():
         if shutil.which("mmdebstrap") is None:
             raise FileNotFoundError("mmdebstrap is missing: run `tools/provision.sh node`")
@@ -188,6 +195,14 @@ def build(force: bool = False) -> Image:
         say(f"{image.ref} is up to date ({image.archive.relative_to(REPO)})")
         return image
     start = time.monotonic()
+    if not force and buildah("inspect", "--type", "image", image.ref, check=False).returncode == 0:
+        # Built already from this very context (another checkout of the same tree: CI's clean
+        # clone): only its archive is written.
+        _write_archive(image)
+        say(
+            f"{image.ref} was built already: wrote {image.archive.relative_to(REPO)} in {time.monotonic() - start:.0f}s"
+        )
+        return image
     base = base_image()
     mounts = []
     if HOST_CA_BUNDLE.exists():
@@ -208,19 +223,23 @@ def build(force: bool = False) -> Image:
         str(REPO / "Dockerfile"),
         str(REPO),
     )
-    image.archive.parent.mkdir(parents=True, exist_ok=True)
-    tmp = image.archive.with_suffix(".tmp")
-    buildah("push", "-q", image.ref, f"oci-archive:{tmp}:{image.ref}")
-    tmp.replace(image.archive)
-    # Keep one archive: the older trees' images go.
-    for old in image.archive.parent.glob("gpu-scheduler-*.oci.tar"):
-        if old != image.archive:
-            old.unlink()
+    _write_archive(image)
     for line in buildah("images", "--format", "{{.Name}}:{{.Tag}}").stdout.splitlines():
         if line.startswith(f"{REPOSITORY}:dev-") and line != image.ref:
             buildah("rmi", line, check=False)
     say(f"built {image.ref} in {time.monotonic() - start:.0f}s: {image.archive.relative_to(REPO)}")
     return image
+
+
+def _write_archive(image: Image) -> None:
+    """``buildah push`` the image to its OCI archive; the older trees' archives go."""
+    image.archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = image.archive.with_suffix(".tmp")
+    buildah("push", "-q", image.ref, f"oci-archive:{tmp}:{image.ref}")
+    tmp.replace(image.archive)
+    for old in image.archive.parent.glob("gpu-scheduler-*.oci.tar"):
+        if old != image.archive:
+            old.unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
