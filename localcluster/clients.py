@@ -111,7 +111,20 @@ class ClusterClients:
             api = self.__dict__["_admin_api"] = self.api_client()
         return api
 
+    def get_json(self, *args: str) -> dict[str, Any]:
+        """``kubectl get <args> -o json`` through the admin's API client, no process; {} when
+        kubectl would fail (not found): localcluster/apiget.py."""
+        from localcluster import apiget
+
+        return apiget.get(self.admin_api(), *args)
+
     def _ok(self, *args: str) -> bool:
+        """Would ``kubectl <args>`` succeed? A ``get`` is asked through the API client (it polls)."""
+        if args and args[0] == "get":
+            try:
+                return bool(self.get_json(*args[1:]))
+            except Exception:  # the apiserver not serving yet: not yet
+                return False
         return self.kubectl(*args, check=False).returncode == 0
 
     def wait_until(self, cond: Any, timeout: float, what: str, interval: float = 0.2) -> None:

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import yaml
-
 from localcluster.cluster import Cluster
 
 SYSTEM_NS, CHECK_NS = "gpu-scheduler-system", "gpu-scheduler-tests"
@@ -25,8 +23,8 @@ def say(msg: str) -> None:
 
 
 def get(cluster: Cluster, *args: str) -> dict[str, Any]:
-    res = cluster.kubectl("get", *args, "-o", "json", check=False)
-    return yaml.safe_load(res.stdout) if res.returncode == 0 else {}
+    """``kubectl get <args> -o json`` (through the API client: these reads poll), {} if absent."""
+    return cluster.get_json(*args)
 
 
 HOOK_ANNOTATION = "argocd.argoproj.io/hook"

@@ -93,10 +93,11 @@ class HostComponents:
                 continue
             del self.hooks[uid]
             self._finish(run)
-        res = c.kubectl("get", "pods", "-A", "-o", "json", check=False)
-        if res.returncode != 0:
+        try:
+            pods = c.get_json("pods", "-A").get("items", [])
+        except Exception:  # the apiserver not answering this once: the next poll reads again
             return
-        for pod in json.loads(res.stdout).get("items", []):
+        for pod in pods:
             meta = pod["metadata"]
             uid = meta["uid"]
             if (

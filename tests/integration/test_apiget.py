@@ -1,0 +1,108 @@
+"""localcluster/apiget.py reads what ``kubectl get -o json`` reads: the same arguments, the same
+documents, against the real apiserver (the polling loops of the tests and demos use it instead
+of a kubectl process)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from localcluster import apiget
+from localcluster.cluster import Cluster
+
+
+def _kubectl(cluster: Cluster, *args: str) -> dict[str, Any]:
+    res = cluster.kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def _comparable(doc: dict[str, Any]) -> Any:
+    """What both must agree on: each object's kind, apiVersion, name, namespace, labels and
+    whether it shows its managedFields (not its spec: a Lease's changes between the two reads)."""
+    objs = doc.get("items", [doc]) if doc else []
+    return (
+        doc.get("kind"),
+        sorted(
+            (
+                o.get("kind"),
+                o.get("apiVersion"),
+                o["metadata"]["name"],
+                o["metadata"].get("namespace"),
+                json.dumps(o["metadata"].get("labels"), sort_keys=True),
+                "managedFields" in o["metadata"],
+            )
+            for o in objs
+        ),
+    )
+
+
+def test_get_json_reads_what_kubectl_get_reads(cluster: Cluster, namespace: str) -> None:
+    for i, labels in enumerate(({"app": "a"}, {"app": "b"})):
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"cm-{i}", "namespace": namespace, "labels": labels},
+                "data": {"k": str(i)},
+            }
+        )
+    cases = [
+        ("configmaps", "-n", namespace),
+        ("cm", "cm-0", "-n", namespace),  # a short name, one object
+        ("configmap", "-n", namespace, "-l", "app=b"),  # the singular, a selector
+        ("configmaps", "-n", namespace, "--selector=app in (a,b)"),
+        ("serviceaccount", "default", "-n", namespace),
+        ("nodes", "-l", "kubernetes.io/hostname=node1"),  # cluster-scoped
+        ("node", "node1", "-n", namespace),  # -n is ignored for a cluster-scoped resource
+        ("leases.coordination.k8s.io", "node1", "-n", "kube-node-lease"),  # a group's resource
+        ("configmaps", "-A", "--field-selector=metadata.name=cm-1"),
+        ("configmap", "cm-0", "--show-managed-fields", "-n", namespace),
+        ("configmap", "no-such", "-n", namespace),  # not found: {} where kubectl fails
+        ("pods", "-n", "no-such-namespace"),  # an empty list, as kubectl's
+    ]
+    for args in cases:
+        ours, theirs = cluster.get_json(*args), _kubectl(cluster, *args)
+        assert _comparable(ours) == _comparable(theirs), args
+    assert cluster.get_json("configmap", "no-such", "-n", namespace) == {}
+    assert cluster.get_json("configmap", "cm-0", "-n", namespace)["data"] == {"k": "0"}
+    with pytest.raises(ValueError, match='resource type "no-such-kind"'):
+        cluster.get_json("no-such-kind")
+    with pytest.raises(ValueError, match="'-o' is not read here"):
+        cluster.get_json("pods", "-o", "yaml")
+
+
+def test_a_crd_installed_after_the_first_read_is_found(cluster: Cluster) -> None:
+    api = cluster.api_client()  # a client of its own: its discovery is read now, before the CRD
+    assert apiget.get(api, "namespaces", "default")["metadata"]["name"] == "default"
+    group = "apiget.gpu-scheduler.test"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Cluster",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wdg"]},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }
+    cluster.apply(crd)
+    try:
+        cluster.wait_until(lambda: cluster._ok("get", f"widgets.{group}"), 60, "the Widget CRD to be served")
+        cluster.apply({"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "w1"}})
+        got = apiget.get(api, "wdg", "w1")
+        assert (got["kind"], got["apiVersion"], got["metadata"]["name"]) == ("Widget", f"{group}/v1", "w1")
+        assert [w["metadata"]["name"] for w in apiget.get(api, f"widget.{group}")["items"]] == ["w1"]
+    finally:
+        cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
