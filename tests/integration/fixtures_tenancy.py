@@ -124,7 +124,7 @@ def _tenant(cluster: Cluster, namespace: str) -> Path:
 def _namespace(cluster: Cluster, name: str, labels: dict[str, str]) -> None:
     cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
     cluster.wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        lambda: bool(cluster.get_json("serviceaccount", "default", "-n", name)),
         timeout=60,
         what=f"ServiceAccount {name}/default",
     )

@@ -76,9 +76,7 @@ class Dra:
 
     def get(self, kind: str, name: str | None = None, *, all_ns: bool = False) -> Any:
         where = ["-A"] if all_ns else ["-n", self.namespace]
-        args = ["get", kind, *([name] if name else []), *where, "-o", "json"]
-        out = self.cluster.kubectl(*args, check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
+        return self.cluster.get_json(kind, *([name] if name else []), *where) or None
 
     def devices(self, short: str) -> list[dra.Device]:
         return dra.node_devices(self.get("resourceslices", all_ns=True)["items"], self.nodes[short])

@@ -160,9 +160,7 @@ def test_scheduler_token_cannot_change_a_pod_in_another_namespace(
     cluster.kubectl("create", "namespace", other)
     try:
         cluster.wait_until(
-            lambda: (
-                cluster.kubectl("get", "serviceaccount", "default", "-n", other, check=False).returncode == 0
-            ),
+            lambda: bool(cluster.get_json("serviceaccount", "default", "-n", other)),
             timeout=60,
             what=f"ServiceAccount {other}/default",
         )

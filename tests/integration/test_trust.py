@@ -203,7 +203,7 @@ def other_namespace(cluster: Cluster) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     cluster.wait_until(
-        lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        lambda: bool(cluster.get_json("serviceaccount", "default", "-n", name)),
         60,
         f"the default ServiceAccount of {name}",
     )

@@ -185,9 +185,7 @@ def node_namespace(node_cluster: Cluster) -> Iterator[str]:
     name = f"n-{uuid.uuid4().hex[:8]}"
     node_cluster.kubectl("create", "namespace", name)
     node_cluster.wait_until(
-        lambda: (
-            node_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0
-        ),
+        lambda: bool(node_cluster.get_json("serviceaccount", "default", "-n", name)),
         timeout=60,
         what=f"ServiceAccount {name}/default",
     )

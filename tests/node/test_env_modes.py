@@ -130,9 +130,9 @@ def wait_ready(cluster: Cluster, namespace: str, name: str, timeout: float = 240
     the release's scheduler show."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        res = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
-        if res.returncode == 0:
-            conditions = json.loads(res.stdout).get("status", {}).get("conditions") or []
+        pod = cluster.get_json("pod", name, "-n", namespace)
+        if pod:
+            conditions = pod.get("status", {}).get("conditions") or []
             if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
                 return
         time.sleep(1)
