@@ -13,13 +13,15 @@ A resource is named as kubectl names it (plural, singular, kind or short name, o
 ``.group``), resolved by the apiserver's discovery (cached per client, read again when a name
 is not found: a CRD installed since). As ``kubectl get -o json``: list items carry their
 ``apiVersion`` and ``kind``, and ``managedFields`` are left out unless
-``--show-managed-fields``. What kubectl would refuse (an unknown flag) raises ValueError.
+``--show-managed-fields``. Where kubectl would fail, {} (no such object, no such resource type:
+a CRD not installed yet); a flag not read here raises ValueError.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,8 @@ class Resource:
 
 
 _LOCK = threading.Lock()
-_TABLE = "_apiget_discovery"  # the attribute of an API client holding its cluster's names
+_TABLE = "_apiget_discovery"  # the attribute of an API client holding its cluster's names, and when read
+REDISCOVER_AFTER = 2.0
 
 
 def _raw(api: Any, path: str, query: list[tuple[str, str]] | None = None) -> tuple[int, Any]:
@@ -88,17 +91,19 @@ def _discover(api: Any) -> dict[str, list[Resource]]:
 
 
 def resolve(api: Any, name: str) -> Resource:
-    """The resource kubectl would read for ``name`` (the core group first, as kubectl prefers it)."""
+    """The resource kubectl would read for ``name`` (the core group first, as kubectl prefers it).
+    A name not found reads the discovery again (a CRD installed since), at most every
+    :data:`REDISCOVER_AFTER` seconds: a loop polling a CRD not installed costs no more than kubectl."""
     for attempt in range(2):
         with _LOCK:
-            table = getattr(api, _TABLE, None)
-            if table is None or attempt:
-                table = _discover(api)
-                setattr(api, _TABLE, table)
+            table, read_at = getattr(api, _TABLE, (None, 0.0))
+            if table is None or (attempt and time.monotonic() - read_at >= REDISCOVER_AFTER):
+                table, read_at = _discover(api), time.monotonic()
+                setattr(api, _TABLE, (table, read_at))
         found = table.get(name.lower())
         if found:
             return next((r for r in found if r.group_version == "v1"), found[0])
-    raise ValueError(f'the server doesn\'t have a resource type "{name}"')
+    raise LookupError(f'the server doesn\'t have a resource type "{name}"')
 
 
 def get(api: Any, *args: str) -> dict[str, Any]:
@@ -127,7 +132,10 @@ def get(api: Any, *args: str) -> dict[str, Any]:
             positional.append(arg)
     if not positional or len(positional) > 2:
         raise ValueError(f"get: one resource and at most one name, not {positional}")
-    res = resolve(api, positional[0])
+    try:
+        res = resolve(api, positional[0])
+    except LookupError:  # no such resource type (yet: a CRD not installed): kubectl fails too
+        return {}
     name = positional[1] if len(positional) == 2 else None
     query = [(k, v) for k, v in (("labelSelector", selector), ("fieldSelector", field)) if v]
     code, doc = _raw(api, res.path(None if all_ns else namespace, name), query)
