@@ -146,13 +146,24 @@ def complete(gitops: GitOps) -> GitOps:
     """The recommended path: the complete ApplicationSet, both steps Synced and Healthy."""
     gitops.apply("gpu-scheduler-complete-applicationset.yaml")
     tl = Timeline()
+
+    def rolled_out() -> bool:
+        """The ApplicationSet's RollingSync is over: both steps Healthy in its status. Until then
+        it may still sync an Application that its automated sync has synced already (a second
+        operation starts after the first Succeeded: seen when the polls came faster)."""
+        appset = get(gitops.cluster, "applicationsets.argoproj.io", COMPLETE, "-n", "argocd")
+        steps = (appset.get("status") or {}).get("applicationStatus") or []
+        return len(steps) == len(APPS) and all(s.get("status") == "Healthy" for s in steps)
+
     gitops.wait(
         lambda: (
             observe(gitops.cluster, tl, APPS)
             and gitops.hosts.webhook is not None
             and gitops.operation(CHECK_APP).get("phase") == "Succeeded"
+            and rolled_out()
+            and observe(gitops.cluster, tl, APPS)  # still Synced, Healthy and Succeeded after it
         ),
-        "both Applications Synced and Healthy, their syncs Succeeded",
+        "both Applications Synced and Healthy, their syncs Succeeded, the RollingSync over",
     )
     return gitops
 

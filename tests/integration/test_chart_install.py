@@ -65,8 +65,7 @@ def assert_objects_exist(cluster: Cluster, docs: list[dict[str, Any]], namespace
 
 def pods_selected(cluster: Cluster, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
     labels = ",".join(f"{k}={v}" for k, v in selector.items())
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", labels, "-o", "json").stdout
-    return list(json.loads(out)["items"])
+    return list(cluster.get_json("pods", "-n", namespace, "-l", labels)["items"])
 
 
 def assert_selectors_pick_their_own_pods(

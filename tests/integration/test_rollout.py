@@ -35,8 +35,7 @@ ROLLOUT_DEADLINE_S = 60  # the issue's "within a minute"
 
 
 def _pods(cluster: Cluster, namespace: str, app: str = "w") -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"app={app}", "-o", "json").stdout
-    return list(json.loads(out)["items"])
+    return list(cluster.get_json("pods", "-n", namespace, "-l", f"app={app}")["items"])
 
 
 class HolderSampler(threading.Thread):
@@ -100,7 +99,7 @@ class HolderSampler(threading.Thread):
 
 
 def _sts(cluster: Cluster, namespace: str, name: str = "w") -> dict[str, Any]:
-    return dict(json.loads(cluster.kubectl("get", "statefulset", name, "-n", namespace, "-o", "json").stdout))
+    return cluster.get_json("statefulset", name, "-n", namespace)
 
 
 def _settled(cluster: Cluster, namespace: str, want: dict[str, str], app: str = "w") -> bool:
