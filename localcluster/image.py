@@ -10,8 +10,9 @@
 3. ``buildah push`` writes an OCI archive, which the real node's containerd imports
    (localcluster/node.py); the charts then run it with ``pullPolicy: Never``.
 
-The image's tag is a digest of its build context (the Dockerfile and every file it copies),
-so an unchanged tree reuses the archive and a changed one builds a new image.
+The image's tag is a digest of its build context (the Dockerfile and every file it copies) and
+of its base's name, so an unchanged tree reuses the archive, another checkout of a tree built
+already writes its archive from buildah's storage, and a changed one builds a new image.
 """
 
 from __future__ import annotations
