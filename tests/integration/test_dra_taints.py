@@ -121,7 +121,8 @@ def test_a_noexecute_rule_evicts_the_replica_releases_its_claim_and_it_is_placed
     """A DeviceTaintRule NoExecute on the GPU a running, pinned replica holds: Kubernetes' device
     taint eviction deletes the pod; gpu-scheduler then unpins and deletes the claim (the pin must
     not keep the tainted allocation), the next pod waits with GPUTainted naming the rule, and is
-    placed on that GPU again once the rule is deleted."""
+    placed on that GPU again once the rule is deleted. Whether the running pod got its own
+    GPUTainted note first is a race with the eviction controller, so it is not required."""
     env = dra_env
     a = env.nodes["a"]
     env.cluster.apply(env.statefulset("w", f"0={a}:0", 1))
@@ -148,8 +149,12 @@ def test_a_noexecute_rule_evicts_the_replica_releases_its_claim_and_it_is_placed
         what="the new w-0 waiting with a GPUTainted event naming the rule",
     )
     notes = env.events("w-0", "GPUTainted")
+    # The note on the running pod comes only when gpu-scheduler reads the rule before the eviction
+    # controller has deleted the pod; in CI the eviction once came 0.7 s after the pin and the
+    # scheduler saw the rule and the deletion together. Its text is unit-tested
+    # (tests/unit/test_scheduler_dra_taints.py); here it is checked where it was sent.
     running = [n for n in notes if " runs with " in n]
-    assert running and "device-taint-eviction-controller) evicts the pod" in running[0], notes
+    assert all("device-taint-eviction-controller) evicts the pod" in n for n in running), notes
     waits = next(n for n in notes if " waits: " in n)
     assert (
         f"{a}/gpu-3 (" in waits
