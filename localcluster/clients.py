@@ -52,9 +52,21 @@ def kubeconfig_yaml(
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+# libyaml's loader and emitter where PyYAML has them (as the product's mapcli): the same documents
+# for about a fifth of the CPU of the pure-Python ones; a third of the chart unit tests' time was
+# parsing helm's output.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def load_manifests(text: str) -> list[dict[str, Any]]:
+    """The documents of a multi-document manifest (``yaml.safe_load_all``), empty ones left out."""
+    return [d for d in yaml.load_all(text, Loader=YAML_LOADER) if d]
+
+
 def dump_manifests(manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> str:
     docs = [manifest] if isinstance(manifest, Mapping) else list(manifest)
-    return yaml.safe_dump_all(docs, sort_keys=False)
+    return yaml.dump_all(docs, Dumper=YAML_DUMPER, sort_keys=False)
 
 
 class ClusterClients:

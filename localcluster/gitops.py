@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from localcluster.clients import load_manifests
 from localcluster.cluster import REPO, Cluster, free_port, tool
 from localcluster.procs import ManagedProcess
 from localcluster.release import REAL_NODE_PLACEMENT
@@ -67,7 +68,7 @@ def cert_manager_manifests(cluster: Cluster) -> list[dict[str, Any]]:
         "crds.enabled=true",
     ).stdout
     keep = {"CustomResourceDefinition", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = load_manifests(out)
     # The webhook's Service too: the apiserver looks it up before it dials NAME.NS.svc.
     return [
         d

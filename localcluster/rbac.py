@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from localcluster.clients import load_manifests
 from localcluster.cluster import Cluster
 from localcluster.release import REPO, SCHEDULER_CHART
 
@@ -91,7 +92,7 @@ def render_chart(
             "--api-versions",
             DRA_API,
         ).stdout
-    return [d for d in yaml.safe_load_all(text) if d]
+    return load_manifests(text)
 
 
 def component_objects(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:

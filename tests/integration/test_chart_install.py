@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.clients import load_manifests
 from localcluster.cluster import Cluster
 from localcluster.release import release_service_account, release_status, webhook_host_values
 from tests.integration.fixtures_chart import (
@@ -46,7 +47,7 @@ def isolate_webhooks(values: dict[str, Any], namespace: str) -> dict[str, Any]:
 
 def manifest_objects(cluster: Cluster, release: str, namespace: str) -> list[dict[str, Any]]:
     text = cluster.helm("get", "manifest", release, "--namespace", namespace).stdout
-    return [d for d in yaml.safe_load_all(text) if d]
+    return load_manifests(text)
 
 
 def assert_objects_exist(cluster: Cluster, docs: list[dict[str, Any]], namespace: str) -> None:
@@ -162,7 +163,7 @@ def test_cert_manager_scenario_passes_server_dry_run(cluster: Cluster, namespace
     values = isolate_webhooks(yaml.safe_load(CERT_MANAGER.read_text()), namespace)
     res = template(SCHEDULER_CHART, values=values, release=f"cm-{namespace}", namespace=namespace)
     assert res.returncode == 0, res.stderr
-    docs = [d for d in yaml.safe_load_all(res.stdout) if d and not is_hook(d)]
+    docs = [d for d in load_manifests(res.stdout) if not is_hook(d)]
     cert_manager = [d for d in docs if d["apiVersion"].startswith("cert-manager.io/")]
     assert {d["kind"] for d in cert_manager} == {"Issuer", "Certificate"}
     rest = [d for d in docs if d not in cert_manager]

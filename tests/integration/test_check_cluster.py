@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.clients import load_manifests
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
 from localcluster.release import CHECK_CHART, chart_path, install_chart
@@ -261,7 +262,7 @@ def render_chart_test(cluster: Cluster, namespace: str, values_file: Path) -> li
         "--show-only",
         "templates/tests/verify-release.yaml",
     ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return load_manifests(out)
 
 
 def cluster_version(cluster: Cluster) -> str:

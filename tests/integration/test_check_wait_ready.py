@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.clients import load_manifests
 from localcluster.cluster import Cluster
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import LEASE_NAME
@@ -72,7 +73,7 @@ def render_wait_hook(cluster: Cluster, namespace: str, tmp_path: Path) -> list[d
         "--show-only",
         "templates/wait-ready.yaml",
     ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return load_manifests(out)
 
 
 @dataclass

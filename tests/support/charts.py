@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster.clients import load_manifests
+
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CHART = REPO / "gpu-scheduler-chart"
 CHECK_CHART = REPO / "gpu-scheduler-check-chart"
@@ -123,7 +125,7 @@ def render(
     res = template(chart, values_files, values, **kwargs)
     if res.returncode != 0:
         pytest.fail(f"helm template {chart.name} failed:\n{res.stderr}")
-    return [d for d in yaml.safe_load_all(res.stdout) if d]
+    return load_manifests(res.stdout)
 
 
 def is_hook(doc: Mapping[str, Any]) -> bool:
@@ -172,7 +174,7 @@ def hook_commands_from_manifest(text: str, hook: str = "test") -> list[HookComma
     """The containers of the hook Pods (``helm.sh/hook`` containing ``hook``) in a
     multi-document manifest, ordered by ``helm.sh/hook-weight`` then name."""
     out: list[HookCommand] = []
-    for doc in yaml.safe_load_all(text):
+    for doc in load_manifests(text):
         if not doc or doc.get("kind") != "Pod":
             continue
         annotations = doc.get("metadata", {}).get("annotations") or {}
