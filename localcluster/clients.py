@@ -107,9 +107,19 @@ class ClusterClients:
             raise CommandFailed(res.returncode, res.args, res.stdout, res.stderr)
         return res
 
-    def apply(self, manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]] | str) -> str:
-        text = manifest if isinstance(manifest, str) else dump_manifests(manifest)
-        return self.kubectl("apply", "-f", "-", input=text).stdout
+    def apply(self, manifest: Mapping[str, Any] | Iterable[Mapping[str, Any]] | str) -> None:
+        """``kubectl apply -f -``: each document a server-side apply through the admin's API
+        client where the apiserver takes it, else kubectl's own (localcluster/apiapply.py)."""
+        from localcluster import apiapply
+
+        docs = load_manifests(manifest) if isinstance(manifest, str) else manifest
+        if isinstance(docs, Mapping):
+            docs = [docs]
+
+        def kubectl_apply(rest: list[Mapping[str, Any]]) -> None:
+            self.kubectl("apply", "-f", "-", input=dump_manifests(rest))
+
+        apiapply.apply(self.admin_api(), docs, kubectl_apply)
 
     def api_client(self) -> Any:
         from kubernetes import config

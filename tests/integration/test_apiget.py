@@ -1,6 +1,7 @@
 """localcluster/apiget.py reads what ``kubectl get -o json`` reads: the same arguments, the same
 documents, against the real apiserver (the polling loops of the tests and demos use it instead
-of a kubectl process)."""
+of a kubectl process); localcluster/apiapply.py (``Cluster.apply``) leaves objects as
+``kubectl apply`` does, and hands what the apiserver refuses to kubectl, whose error is raised."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from localcluster import apiget
+from localcluster import apiapply, apiget
+from localcluster.clients import CommandFailed
 from localcluster.cluster import Cluster
 
 
@@ -109,3 +111,72 @@ def test_a_crd_installed_after_the_first_read_is_found(cluster: Cluster) -> None
         assert [w["metadata"]["name"] for w in apiget.get(api, f"widget.{group}")["items"]] == ["w1"]
     finally:
         cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
+
+
+def test_apply_creates_updates_and_removes_fields_as_kubectl_apply(cluster: Cluster, namespace: str) -> None:
+    """Server-side applies through the API: created, updated (a label removed, a key changed), a
+    namespaced document without a namespace lands in "default"; a refused document goes to
+    kubectl, whose error (with the apiserver's words) is raised, and the documents before it stay."""
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "w", "namespace": namespace, "labels": {"a": "1", "b": "2"}},
+        "spec": {
+            "replicas": 0,
+            "serviceName": "w",
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {
+                "metadata": {"labels": {"app": "w"}, "annotations": {"gpu-scheduling-map": "0=n:0"}},
+                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+            },
+        },
+    }
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"apply-{namespace}"},
+        "data": {"k": "1"},
+    }
+    calls: list[list[str]] = []
+    real = cluster.kubectl
+
+    def counting(*args: str, **kw: object) -> object:
+        calls.append(list(args))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    cluster.kubectl = counting  # type: ignore[method-assign]
+    try:
+        cluster.apply([sts, cm])
+        sts["metadata"]["labels"] = {"a": "1"}
+        sts["spec"]["template"]["metadata"]["annotations"]["gpu-scheduling-map"] = "0=n:1"
+        cm["data"] = {"k2": "2"}
+        cluster.apply([sts, cm])
+        assert calls == [], calls  # no kubectl process for what the API applies
+        live = cluster.get_json("statefulset", "w", "-n", namespace)
+        assert live["metadata"]["labels"] == {"a": "1"}
+        assert live["spec"]["template"]["metadata"]["annotations"] == {"gpu-scheduling-map": "0=n:1"}
+        got = cluster.get_json("configmap", f"apply-{namespace}", "-n", "default", "--show-managed-fields")
+        assert got["data"] == {"k2": "2"}
+        appliers = [m["manager"] for m in got["metadata"]["managedFields"] if m["operation"] == "Apply"]
+        assert appliers == [apiapply.MANAGER], got["metadata"]["managedFields"]
+        bad = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "Not_A_Name", "namespace": namespace},
+        }
+        after = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "after", "namespace": namespace},
+        }
+        ok = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "before", "namespace": namespace}}
+        with pytest.raises(CommandFailed) as err:
+            cluster.apply([ok, bad, after])
+        assert "Not_A_Name" in err.value.stderr and "Invalid value" in err.value.stderr, err.value.stderr
+        assert calls and calls[0][:3] == ["apply", "-f", "-"], calls
+        assert cluster.get_json("configmap", "before", "-n", namespace), (
+            "the document before it was not applied"
+        )
+    finally:
+        cluster.kubectl = real  # type: ignore[method-assign]
+        cluster.kubectl("delete", "configmap", f"apply-{namespace}", "-n", "default", "--ignore-not-found")
