@@ -137,6 +137,17 @@ class Dra:
 
     def placed(self, pod_name: str) -> dict[str, Any] | None:
         """The pod when it runs on its entry's node with its claim allocated exactly the entry's GPUs."""
+        found = self.placement(pod_name)
+        return found[0] if found else None
+
+    def placed_claim(self, pod_name: str) -> dict[str, Any] | None:
+        """The claim :meth:`placed` found allocated for the pod's entry, as it read it: a condition
+        on the claim must use this read, not a second one (the scheduler may replace the claim
+        in between, and the second read sees the next claim, not yet allocated, or none)."""
+        found = self.placement(pod_name)
+        return found[1] if found else None
+
+    def placement(self, pod_name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
         pod = self.pod(pod_name)
         if not pod or not pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
             return None
@@ -149,7 +160,7 @@ class Dra:
         )
         if not dra.matches(claim, entry, dra.resolve(entry, self.devices_of(entry.node))):
             return None
-        return pod
+        return pod, claim
 
     def devices_of(self, node: str) -> list[dra.Device]:
         return dra.node_devices(self.get("resourceslices", all_ns=True)["items"], node)
@@ -393,7 +404,7 @@ def test_a_map_edit_replaces_the_claim(dra_env: Dra) -> None:
     first = (env.claim("w-0-gpus") or {})["metadata"]["uid"]
     env.cluster.apply(env.statefulset("w", f"0={a}:1", 1))
     wait_for(
-        lambda: env.placed("w-0") and (env.claim("w-0-gpus") or {})["metadata"]["uid"] != first,
+        lambda: (env.placed_claim("w-0") or {"metadata": {"uid": first}})["metadata"]["uid"] != first,
         120,
         what="w-0 placed again with a new claim for index 1",
     )
@@ -419,8 +430,9 @@ def test_two_replicas_trade_gpus_in_a_rolling_update(dra_env: Dra) -> None:
     def both_swapped() -> bool:
         no_device_twice(env)
         return all(
-            env.placed(f"w-{i}")
-            and (env.claim(f"w-{i}-gpus") or {})["metadata"]["annotations"][dra.ENTRY_ANNOTATION]
+            (env.placed_claim(f"w-{i}") or {"metadata": {"annotations": {}}})["metadata"]["annotations"].get(
+                dra.ENTRY_ANNOTATION
+            )
             == f"{i}={a}:{1 - i}"
             for i in range(2)
         )
