@@ -85,55 +85,39 @@ class Product:
         return product_values(self.image.ref, self.certs, **webhook)
 
     def pods(self, component: str | None = None) -> list[dict[str, Any]]:
-        import json
-
         sel = f"app.kubernetes.io/instance={self.release}"
         if component:
             sel += f",app.kubernetes.io/component={component}"
-        out = self.cluster.kubectl("get", "pods", "-n", self.namespace, "-l", sel, "-o", "json").stdout
-        return [p for p in json.loads(out)["items"] if p["metadata"].get("deletionTimestamp") is None]
+        items = self.cluster.get_json("pods", "-n", self.namespace, "-l", sel).get("items", [])
+        return [p for p in items if p["metadata"].get("deletionTimestamp") is None]
 
     def wait_serving(self, timeout: float = 180, webhook: bool = True) -> None:
         """Every Deployment of the release has all its replicas Ready, and the webhook Service has
         as many ready endpoints (``rollout status`` can answer from a status the controller has
         not updated yet, e.g. right after pods were force-deleted). ``webhook=False``: a release
         in injection.mode policy, with no webhook pods."""
-        import json
         import time
 
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            deps = json.loads(
-                self.cluster.kubectl(
-                    "get",
-                    "deployments",
-                    "-n",
-                    self.namespace,
-                    "-l",
-                    f"app.kubernetes.io/instance={self.release}",
-                    "-o",
-                    "json",
-                ).stdout
-            )["items"]
+            # A read that failed ({}, no items) counts as not serving yet, never as no Deployments.
+            deps = self.cluster.get_json(
+                "deployments", "-n", self.namespace, "-l", f"app.kubernetes.io/instance={self.release}"
+            ).get("items") or [{"metadata": {"name": "?"}, "spec": {"replicas": 1}, "status": {}}]
             ready_pods = {
                 p["metadata"]["labels"].get("app.kubernetes.io/component")
                 for p in self.pods()
                 if p["status"].get("phase") == "Running"
                 and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
             }
-            slices = json.loads(
-                self.cluster.kubectl(
-                    "get",
-                    "endpointslices",
-                    "-n",
-                    self.namespace,
-                    "-l",
-                    f"kubernetes.io/service-name={self.release}-webhook",
-                    "-o",
-                    "json",
-                ).stdout
-            )["items"]
+            slices = self.cluster.get_json(
+                "endpointslices",
+                "-n",
+                self.namespace,
+                "-l",
+                f"kubernetes.io/service-name={self.release}-webhook",
+            ).get("items", [])
             ready_endpoints = sum(
                 1
                 for sl in slices
