@@ -341,13 +341,25 @@ def test_one_commit_changing_both_charts_still_rolls_out_in_order(complete: GitO
     (run,) = _wait_runs(c) - before
     assert not (run.parent / "output.log").exists(), "the verification started while wait-ready waited"
     complete.hosts.scheduler = None  # the scheduler comes back (next poll)
-    complete.wait(
-        lambda: (
+    # The check's sync of the new revision, as read when it had Succeeded: RollingSync may start
+    # another sync of the same revision right after (CI read an operation without finishedAt a
+    # second later), which is not the one these assertions are about.
+    synced: dict[str, Any] = {}
+
+    def rolled_out() -> bool:
+        op = complete.operation(CHECK_APP)
+        done = (
             complete.synced_healthy(SCHED_APP, CHECK_APP)
             and all(complete.app(a)["status"]["sync"].get("revision") == revision for a in APPS)
-            and complete.operation(CHECK_APP).get("phase") == "Succeeded"
-            and (complete.operation(CHECK_APP).get("syncResult") or {}).get("revision") == revision
-        ),
+            and op.get("phase") == "Succeeded"
+            and (op.get("syncResult") or {}).get("revision") == revision
+        )
+        if done:
+            synced.update(op)
+        return done
+
+    complete.wait(
+        rolled_out,
         "both Applications Synced to the new revision and Healthy, the check's sync Succeeded",
         timeout=240,
     )
@@ -383,14 +395,14 @@ def test_one_commit_changing_both_charts_still_rolls_out_in_order(complete: GitO
         verified,
         verdict,
     )
-    assert _ts(complete.operation(CHECK_APP)["finishedAt"]) >= taken
+    assert _ts(synced["finishedAt"]) >= taken
     # Argo CD's records: the check's sync of this revision finished after the scheduler's own
     # sync of it started. Not that it *started* after it: RollingSync may count the step complete
     # on the previous Healthy (argo-cd issue 29410) and start both syncs in one pass, in either
     # order (seen: the check's 1 s before the scheduler's, and 2 s before its Healthy transition),
     # which is why wait-ready exists and why the assertions above, on the Lease and the hook's own
     # times, decide this test.
-    assert _ts(complete.operation(CHECK_APP)["finishedAt"]) >= _ts(sched_entry["deployStartedAt"]), (
+    assert _ts(synced["finishedAt"]) >= _ts(sched_entry["deployStartedAt"]), (
         check_entry,
         sched_entry,
     )
