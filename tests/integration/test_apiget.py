@@ -106,7 +106,14 @@ def test_a_crd_installed_after_the_first_read_is_found(cluster: Cluster) -> None
     try:
         cluster.wait_until(lambda: cluster._ok("get", f"widgets.{group}"), 60, "the Widget CRD to be served")
         cluster.apply({"apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": "w1"}})
-        got = apiget.get(api, "wdg", "w1")
+        # The client's discovery is read again at most every REDISCOVER_AFTER seconds: found within a few.
+        found: dict[str, Any] = {}
+        cluster.wait_until(
+            lambda: bool(found.update(apiget.get(api, "wdg", "w1")) or found),
+            3 * apiget.REDISCOVER_AFTER + 10,
+            "the Widget through the client that read its discovery before the CRD",
+        )
+        got = found
         assert (got["kind"], got["apiVersion"], got["metadata"]["name"]) == ("Widget", f"{group}/v1", "w1")
         assert [w["metadata"]["name"] for w in apiget.get(api, f"widget.{group}")["items"]] == ["w1"]
     finally:
