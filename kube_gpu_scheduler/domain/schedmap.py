@@ -19,8 +19,11 @@ Grammar (one entry per line, or several separated by ``;``)::
     2 hex device, function 0-7, kept lower case with a 4-digit domain (an
     8-digit domain whose first 4 digits are zero loses them);
 
-* duplicates compare those normalized names: a GPU twice in an entry, the same
-  NODE:GPU given to two ordinals;
+* duplicates compare those normalized names: a GPU twice in an entry is an error;
+* the same NODE:GPU named by several entries is *shared* by those replicas, on purpose
+  (:meth:`SchedulingMap.shared`): partial overlaps too (``0=n:4,5`` and ``1=n:5,6`` share
+  GPU 5). Where sharing is forbidden (chart value ``sharing.allowed=false``, a tenant's
+  ``GPUPinningPolicy``), :func:`sharing_problems` says which lines share what;
 * a node's GPUs are named one way in the whole map (all indices, all UUIDs or
   all PCI bus IDs): otherwise the same GPU could be given twice under two names.
 
@@ -50,7 +53,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 
 # How one GPU is named: part of this grammar, re-exported (import them from here).
 from kube_gpu_scheduler.domain.gpunames import (  # noqa: F401 (re-exported: part of the grammar)
@@ -87,6 +90,8 @@ MAX_PROBLEMS_LISTED = 10
 # only by pathological text (repr() may spell a character with 10).
 MAX_MESSAGE_CHARS = 300
 MAX_PROBLEM_CHARS = 400
+# Sharers of one GPU a warning names before it says "and N more".
+_SHARERS_NAMED = 8
 # So len(str(MapError)) <= MAX_ERROR_CHARS, whatever the map.
 MAX_ERROR_CHARS = MAX_PROBLEMS_LISTED * (MAX_PROBLEM_CHARS + 2) + 40
 
@@ -228,6 +233,50 @@ class SchedulingMap(Mapping[int, Entry]):
     def nodes(self) -> set[str]:
         return {e.node for e in self.entries.values()}
 
+    @cached_property
+    def _sharing(self) -> dict[tuple[str, GPU], tuple[int, ...]]:
+        by_gpu: dict[tuple[str, GPU], list[int]] = {}
+        for ordinal in self:
+            entry = self.entries[ordinal]
+            for gpu in entry.gpus:
+                by_gpu.setdefault((entry.node, gpu), []).append(ordinal)
+        return {where: tuple(ordinals) for where, ordinals in by_gpu.items() if len(ordinals) > 1}
+
+    def shared(self) -> Mapping[tuple[str, GPU], tuple[int, ...]]:
+        """``(node, gpu) -> ordinals`` (ascending) for every GPU that two or more entries name:
+        those replicas share it. Empty for a map that shares nothing. Computed once per map
+        (the maps :func:`parse_cached` returns are shared, so once per distinct text)."""
+        return self._sharing
+
+    def mates(self, ordinal: int) -> Mapping[GPU, frozenset[int]]:
+        """For each GPU of ``ordinal``'s entry that other entries name too, those other ordinals."""
+        entry = self.entries.get(ordinal)
+        if entry is None or not self._sharing:
+            return {}
+        out: dict[GPU, frozenset[int]] = {}
+        for gpu in entry.gpus:
+            others = self._sharing.get((entry.node, gpu))
+            if others:
+                out[gpu] = frozenset(o for o in others if o != ordinal)
+        return out
+
+    def sharing_lines(self, limit: int = MAX_PROBLEMS_LISTED) -> list[str]:
+        """``"node4:3 by ordinals 3, 4 (lines 4, 5)"`` for the first ``limit`` shared GPUs
+        (node and GPU order), then ``"and N more shared GPUs"``: for warnings."""
+        shared = sorted(self._sharing.items(), key=lambda kv: (kv[0][0], gpu_sort_key(kv[0][1])))
+        def some(values: Sequence[int]) -> str:
+            shown = ", ".join(map(str, values[:_SHARERS_NAMED]))
+            return shown + (f" and {len(values) - _SHARERS_NAMED} more" if len(values) > _SHARERS_NAMED else "")
+
+        out = [
+            f"{excerpt(node)}:{gpu} by ordinals {some(ords)} (lines {some([self.entries[o].line for o in ords])})"
+            for (node, gpu), ords in shared[:limit]
+        ]
+        if len(shared) > limit:
+            more = len(shared) - limit
+            out.append(f"and {more} more shared GPU{'' if more == 1 else 's'}")
+        return out
+
 
 def _int(token: str, what: str, limit: int, *, line: int, text: str, problems: _Problems) -> int | None:
     if not DIGITS_RE.fullmatch(token):
@@ -338,7 +387,6 @@ def parse(text: str) -> SchedulingMap:
         )
     problems = _Problems()
     entries: dict[int, Entry] = {}
-    owners: dict[tuple[str, GPU], Entry] = {}
     # The first entry of each node: how the map names that node's GPUs.
     forms: dict[str, Entry] = {}
     # Lines are counted as editors and kubectl count them: on "\n" only.
@@ -359,24 +407,35 @@ def parse(text: str) -> SchedulingMap:
             if form.kind != entry.kind:
                 problems.add(lineno, chunk.strip(), partial(_named_otherwise, entry, form))
                 continue
-            clash = next(((entry.node, g) for g in entry.gpus if (entry.node, g) in owners), None)
-            if clash is not None:
-                node, gpu = clash
-                other = owners[clash]
-                problems.add(
-                    lineno,
-                    chunk.strip(),
-                    f"{node}:{gpu} is already given to ordinal {other.ordinal} on line {other.line}",
-                )
-                continue
             entries[entry.ordinal] = entry
-            for g in entry.gpus:
-                owners[(entry.node, g)] = entry
     if problems.count:
         raise problems.error()
     if not entries:
         raise MapError([Problem(1, text.strip(), "the map has no entries")])
     return SchedulingMap(entries)
+
+
+def sharing_problems(smap: SchedulingMap, why: str) -> MapError | None:
+    """Where sharing is forbidden: a :class:`MapError` naming, for each entry (in text order)
+    that names a GPU an earlier entry names, the line, the GPU and the earlier ordinal, each
+    message ending with ``why`` (who forbids it and how to allow it); ``None`` when the map
+    shares nothing."""
+    if not smap.shared():
+        return None
+    problems = _Problems()
+    first: dict[tuple[str, GPU], Entry] = {}
+    for entry in sorted(smap.entries.values(), key=lambda e: (e.line, e.ordinal)):
+        clash = next(((entry.node, g) for g in entry.gpus if (entry.node, g) in first), None)
+        if clash is not None:
+            other = first[clash]
+            problems.add(
+                entry.line,
+                str(entry),
+                f"{clash[0]}:{clash[1]} is also given to ordinal {other.ordinal} on line {other.line}: {why}",
+            )
+        for g in entry.gpus:
+            first.setdefault((entry.node, g), entry)
+    return problems.error()
 
 
 # --- parse_cached: the same text parsed once -------------------------------------------------------

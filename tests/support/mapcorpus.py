@@ -28,6 +28,9 @@ from collections.abc import Iterator
 
 from kube_gpu_scheduler.domain.schedmap import GPU, MAX_GPU_INDEX, MAX_ORDINAL
 
+# The map this package was written for: replicas 3 and 4 share GPU 3 of node4.
+TASK_MAP = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3\n"
+
 PLAIN_SPACE = (" ", "\t", "  ", " \t")
 # Whitespace to str.isspace() besides the plain ones ("\r" ends CRLF lines).
 OTHER_SPACE = ("\u00a0", "\u2003", "\u3000", "\x0b", "\x0c", "\x1c", "\x1f", "\x85", "\u2028", "\u202f", "\r")

@@ -37,7 +37,6 @@ def malformed(size: int) -> dict[str, str]:
         "one-long-line": "0=" + fill("x", size - 2),
         "many-bad-lines": fill("bad line\n", size),
         "duplicate-ordinals": fill("0=node1:0\n", size),
-        "same-gpu-many-ordinals": "".join(f"{i}=a:0\n" for i in range(size // 12))[:size],
         "semicolons": fill(";", size),
         "bad-chunks": fill("x;", size),
         "commas": "0=a:" + fill(",", size - 4),

@@ -8,6 +8,7 @@ from kube_gpu_scheduler.domain.schedmap import (
     ANNOTATION,
     MAX_GPU_INDEX,
     MAX_ORDINAL,
+    MAX_PROBLEMS_LISTED,
     Entry,
     MapError,
     Problem,
@@ -18,7 +19,9 @@ from kube_gpu_scheduler.domain.schedmap import (
     gpu_sort_key,
     parse,
     parse_gpu,
+    sharing_problems,
 )
+from tests.support.mapcorpus import TASK_MAP
 
 
 def problems(text: str) -> list[Problem]:
@@ -142,10 +145,51 @@ def test_duplicate_gpu_in_entry() -> None:
     assert p.text == "1=b:1,2,1"
 
 
-def test_same_node_gpu_for_two_ordinals() -> None:
-    p = only_problem("0=a:0,1\n1=b:1\n2=a:1")
-    assert p.line == 3
-    assert "a:1 is already given to ordinal 0 on line 1" in p.message
+def test_the_tasks_map_shares_gpu_3_between_replicas_3_and_4() -> None:
+    m = parse(TASK_MAP)
+    assert [str(m[o]) for o in m] == ["0=node1:0,1", "1=node2:2", "2=node3:0,1,2", "3=node4:3", "4=node4:3"]
+    assert m.shared() == {("node4", 3): (3, 4)}
+    assert m.mates(3) == {3: frozenset({4})} and m.mates(4) == {3: frozenset({3})}
+    assert m.mates(0) == {} and m.mates(2) == {} and m.mates(9) == {}
+    assert m.sharing_lines() == ["node4:3 by ordinals 3, 4 (lines 4, 5)"]
+
+
+def test_partial_overlaps_share_only_the_common_gpu() -> None:
+    m = parse("0=node2:4,5\n1=node2:5,6\n2=node3:5")
+    assert m.shared() == {("node2", 5): (0, 1)}
+    assert m.mates(0) == {5: frozenset({1})} and m.mates(1) == {5: frozenset({0})}
+    # The same index on another node is another GPU.
+    assert m.mates(2) == {}
+
+
+def test_three_sharers_and_a_map_that_shares_nothing() -> None:
+    m = parse("0=a:0,1; 1=a:1; 2=a:1,0")
+    assert m.shared() == {("a", 0): (0, 2), ("a", 1): (0, 1, 2)}
+    assert m.mates(1) == {1: frozenset({0, 2})}
+    assert parse("0=a:0\n1=a:1").shared() == {}
+    assert sharing_problems(parse("0=a:0\n1=a:1"), "no") is None
+
+
+def test_sharing_problems_name_the_line_the_gpu_and_the_earlier_ordinal() -> None:
+    err = sharing_problems(parse(TASK_MAP), "this release forbids GPU sharing")
+    assert err is not None and err.count == 1
+    assert str(err) == (
+        "line 5: node4:3 is also given to ordinal 3 on line 4: this release forbids GPU sharing (in '4=node4:3')"
+    )
+    err = sharing_problems(parse("0=a:0,1\n1=b:1\n2=a:1"), "why")
+    assert err is not None and [(p.line, p.message) for p in err.problems] == [
+        (3, "a:1 is also given to ordinal 0 on line 1: why")
+    ]
+
+
+def test_many_shared_gpus_are_listed_up_to_a_bound() -> None:
+    text = "".join(f"{o}=n:{o // 2}\n" for o in range(40))
+    m = parse(text)
+    assert len(m.shared()) == 20
+    lines = m.sharing_lines()
+    assert len(lines) == MAX_PROBLEMS_LISTED + 1 and lines[-1] == "and 10 more shared GPUs"
+    err = sharing_problems(m, "why")
+    assert err is not None and err.count == 20 and "and 10 more problems" in str(err)
 
 
 @pytest.mark.parametrize(
@@ -252,13 +296,13 @@ def test_every_problem_is_reported_with_its_line() -> None:
             "2=node3:0,0",  # 3 duplicate gpu
             "garbage",  # 4 no '='
             "0=node4:0",  # 5 duplicate ordinal
-            "5=node1:1",  # 6 node1:1 taken by 0
+            "5=node1:1",  # 6 ok: shares node1:1 with ordinal 0
             "6=node5",  # 7 no ':'
             "x=node6:y",  # 8 two bad numbers
         ]
     )
     found = problems(text)
-    assert [p.line for p in found] == [2, 3, 4, 5, 6, 7, 8, 8]
+    assert [p.line for p in found] == [2, 3, 4, 5, 7, 8, 8]
     rendered = str(MapError(found))
     assert "line 2:" in rendered and "line 8:" in rendered
     # str(Problem) names the line, the reason and the text.
@@ -371,10 +415,9 @@ def test_duplicates_compare_normalized_names() -> None:
     assert p.message == f"GPU {UUID} is listed twice in this entry"
     p = only_problem("0=n:0000:3b:00.0,00000000:3B:00.0")
     assert p.message == "GPU 0000:3b:00.0 is listed twice in this entry"
-    p = only_problem("0=n:0000:3b:00.0\n1=n:00000000:3B:00.0")
-    assert p.line == 2 and p.message == "n:0000:3b:00.0 is already given to ordinal 0 on line 1"
-    p = only_problem(f"0=n:{UUID}\n1=n:{UUID.upper()}")
-    assert p.message == f"n:{UUID} is already given to ordinal 0 on line 1"
+    # Two entries naming one GPU in two spellings share it (one GPU, not two).
+    assert parse("0=n:0000:3b:00.0\n1=n:00000000:3B:00.0").shared() == {("n", "0000:3b:00.0"): (0, 1)}
+    assert parse(f"0=n:{UUID}\n1=n:{UUID.upper()}").shared() == {("n", UUID): (0, 1)}
 
 
 def test_the_same_name_on_two_nodes_is_refused_by_no_grammar_rule() -> None:

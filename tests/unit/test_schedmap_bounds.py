@@ -28,6 +28,7 @@ from kube_gpu_scheduler.domain.schedmap import (
     parse_cache_clear,
     parse_cache_size,
     parse_cached,
+    sharing_problems,
     utf8_size,
 )
 from tests.unit.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
@@ -47,6 +48,18 @@ def assert_bounded(err: MapError) -> None:
         assert len(p.message) <= MAX_MESSAGE_CHARS
         assert len(str(p)) <= MAX_PROBLEM_CHARS
     assert len(str(err)) <= MAX_ERROR_CHARS
+
+
+def test_one_gpu_shared_by_every_ordinal_of_a_large_map_is_told_in_bounded_words() -> None:
+    text = "".join(f"{i}=a:0\n" for i in range(MIB // 12))[:MAX_MAP_BYTES]
+    smap = parse(text[: text.rindex("\n") + 1])
+    assert list(smap.shared()) == [("a", 0)] and len(smap.shared()[("a", 0)]) == len(smap)
+    lines = smap.sharing_lines()
+    assert len(lines) == 1 and len(lines[0]) < 200 and lines[0].startswith("a:0 by ordinals 0, 1, 2")
+    err = sharing_problems(smap, "forbidden")
+    assert err is not None
+    assert_bounded(err)
+    assert err.count == len(smap) - 1
 
 
 # --- messages are bounded, whatever the text ----------------------------------------------------

@@ -40,8 +40,9 @@ GPUS_OF_KIND = {"index": gpu_indices, "uuid": gpu_uuids, "pci": gpu_pci_ids}
 
 @st.composite
 def scheduling_maps(draw: Any) -> SchedulingMap:
-    """A valid map: unique ordinals, no GPU twice in an entry, no NODE:GPU given twice, and
-    each node's GPUs named one way (indices, UUIDs or PCI bus IDs)."""
+    """A valid map: unique ordinals, no GPU twice in an entry, each node's GPUs named one way
+    (indices, UUIDs or PCI bus IDs); about half of them give a NODE:GPU to several ordinals
+    (shared)."""
     nodes = draw(st.lists(node_names, min_size=1, max_size=4, unique=True))
     kinds = {n: draw(st.sampled_from(sorted(GPUS_OF_KIND))) for n in nodes}
     wanted = draw(st.lists(ordinals, min_size=1, max_size=8, unique=True))
@@ -50,7 +51,8 @@ def scheduling_maps(draw: Any) -> SchedulingMap:
     for ordinal in wanted:
         node = draw(st.sampled_from(nodes))
         gpus = draw(st.lists(GPUS_OF_KIND[kinds[node]], min_size=1, max_size=4, unique=True))
-        gpus = [g for g in gpus if (node, g) not in taken]
+        if not draw(st.booleans()):
+            gpus = [g for g in gpus if (node, g) not in taken]
         if not gpus:
             continue
         taken.update((node, g) for g in gpus)
@@ -131,6 +133,16 @@ def test_format_then_parse_round_trips(smap: SchedulingMap) -> None:
     assert back.format() == text
     # format() writes one entry per line, in ordinal order.
     assert [back[o].line for o in back] == list(range(1, len(smap) + 1))
+    # Shared: exactly the NODE:GPU pairs two or more entries name, with those ordinals.
+    named: dict[tuple[str, GPU], list[int]] = {}
+    for o in smap:
+        for g in smap[o].gpus:
+            named.setdefault((smap[o].node, g), []).append(o)
+    assert back.shared() == {k: tuple(v) for k, v in named.items() if len(v) > 1}
+    for o in back:
+        assert back.mates(o) == {
+            g: frozenset(named[(back[o].node, g)]) - {o} for g in back[o].gpus if len(named[(back[o].node, g)]) > 1
+        }
 
 
 @settings(max_examples=300)
