@@ -264,9 +264,12 @@ class SchedulingMap(Mapping[int, Entry]):
         """``"node4:3 by ordinals 3, 4 (lines 4, 5)"`` for the first ``limit`` shared GPUs
         (node and GPU order), then ``"and N more shared GPUs"``: for warnings."""
         shared = sorted(self._sharing.items(), key=lambda kv: (kv[0][0], gpu_sort_key(kv[0][1])))
+
         def some(values: Sequence[int]) -> str:
             shown = ", ".join(map(str, values[:_SHARERS_NAMED]))
-            return shown + (f" and {len(values) - _SHARERS_NAMED} more" if len(values) > _SHARERS_NAMED else "")
+            return shown + (
+                f" and {len(values) - _SHARERS_NAMED} more" if len(values) > _SHARERS_NAMED else ""
+            )
 
         out = [
             f"{excerpt(node)}:{gpu} by ordinals {some(ords)} (lines {some([self.entries[o].line for o in ords])})"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.podinfo import ordinal_of
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, SchedulingMap
+from kube_gpu_scheduler.domain.podinfo import ordinal_of, pod_map
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError, SchedulingMap
 
 # The chart value and the variable that forbid sharing for a release.
 CHART_VALUE = "sharing.allowed"
@@ -109,3 +109,14 @@ class Sharing:
             and holder.owner_uid == self.owner_uid
             and holder.ordinal in self.mates.get(gpu, ())
         )
+
+
+def sharing_of(pod: Mapping[str, Any]) -> Sharing | None:
+    """The pod's :class:`Sharing` by its own map and ordinal (``None``: it shares nothing, or its
+    map is malformed, which other rules refuse)."""
+    view = Pod(pod)
+    try:
+        smap = pod_map(view.meta)
+    except MapError:
+        return None
+    return Sharing.of(pod, smap, ordinal_of(view.name, view.labels))

@@ -34,6 +34,7 @@ from kube_gpu_scheduler.domain.objects import Meta, Pod
 from kube_gpu_scheduler.domain.podinfo import entry_for, map_text
 from kube_gpu_scheduler.domain.rules import MAP_CONFLICT, Decision, evaluate
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
+from kube_gpu_scheduler.domain.sharing import Sharing
 from kube_gpu_scheduler.mapcli.live import Cluster, Holder
 
 Where = tuple[str, GPU]
@@ -110,8 +111,9 @@ class _Holders:
         self._held, self._ns, self._name = held, namespace, name
 
     def holders(
-        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None, sharing: Sharing | None = None
     ) -> list[tuple[GPU, str]]:
+        # The planned StatefulSet's own replicas are left out whole: its sharers among them too.
         return [
             (gpu, h.key)
             for gpu in gpus

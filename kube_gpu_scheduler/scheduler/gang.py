@@ -44,6 +44,7 @@ from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.podinfo import ordinal_of, pod_map
 from kube_gpu_scheduler.domain.rules import Decision, gpus_in_use
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
+from kube_gpu_scheduler.domain.sharing import Sharing
 from kube_gpu_scheduler.kube.errors import error_message
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger, pod_key
 from kube_gpu_scheduler.scheduler.metrics import Metrics
@@ -81,10 +82,10 @@ class _OtherWorkloads:
         self._stand_in = f"{gang.namespace}/{gang.owner_name}-"  # the key of a replica held for
 
     def holders(
-        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None, sharing: Sharing | None = None
     ) -> list[tuple[GPU, str]]:
         out = []
-        for gpu, key in self._ledger.holders(node, gpus, exclude_uid):
+        for gpu, key in self._ledger.holders(node, gpus, exclude_uid, sharing):
             holder = self._pod_of(key)
             if holder is None and key.startswith(self._stand_in):
                 continue  # held for a replica of this StatefulSet not created yet

@@ -20,6 +20,12 @@ nor erase a record (see ``docs/scheduler.md``, "What a pod holds"):
 No annotation is read: the old ``gpu-scheduler/assigned`` annotation, which
 tenants could rewrite, means nothing to this ledger.
 
+A GPU may have several holders at once only when they share it on purpose: replicas of one
+StatefulSet whose map gives each of them that GPU (:mod:`kube_gpu_scheduler.domain.sharing`).
+The placing pod's map decides (``sharing``): a holder is waived when it is a replica of the
+same StatefulSet whose ordinal that map gives the GPU too; every other holder is a conflict.
+What a namespace holds counts each GPU once, however many of its pods share it.
+
 Between the scheduler's decision and the watch showing the pod bound, the
 GPUs are kept as a *reservation*, so two workers cannot both take a GPU and an
 older copy of the pod arriving late on the watch cannot erase the decision.
@@ -41,6 +47,7 @@ from typing import Any, TypeVar
 from kube_gpu_scheduler.domain.holding import FINISHED_PHASES, is_active, pod_holds
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.schedmap import GPU, gpu_sort_key
+from kube_gpu_scheduler.domain.sharing import Member, Sharing, sharing_of
 
 __all__ = ["FINISHED_PHASES", "Claim", "Ledger", "claim_of", "is_active", "is_bound", "pod_key"]
 
@@ -92,6 +99,7 @@ class Ledger:
         self._lock = threading.RLock()
         self._gpus: dict[tuple[str, GPU], dict[str, str]] = {}  # (node, gpu) -> {uid: "ns/name"}
         self._pods: dict[str, tuple[str, Claim]] = {}  # uid -> ("ns/name", claim)
+        self._members: dict[str, Member] = {}  # uid -> its StatefulSet and ordinal (sharing)
         self._reserved: dict[str, Claim] = {}  # uid -> claim written, not yet seen on the watch
         self._places: dict[tuple[str, str], int] = {}  # (namespace, node) -> GPUs held there
         self._listener = listener
@@ -99,16 +107,17 @@ class Ledger:
     # -- reads ------------------------------------------------------------------
 
     def holders(
-        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None, sharing: Sharing | None = None
     ) -> list[tuple[GPU, str]]:
-        """``(gpu, "ns/name")`` for each of ``gpus`` on ``node`` held by a pod other than ``exclude_uid``."""
-        out = []
+        """``(gpu, "ns/name")`` for each of ``gpus`` on ``node`` held by a pod other than
+        ``exclude_uid`` and not allowed beside it by ``sharing`` (its mates)."""
         with self._lock:
-            for gpu in gpus:
-                for uid, key in (self._gpus.get((node, gpu)) or {}).items():
-                    if uid != exclude_uid:
-                        out.append((gpu, key))
-        return out
+            return [(gpu, key) for gpu in gpus for key in self._others(node, gpu, exclude_uid, sharing)]
+
+    def counted(self, namespace: str, node: str, gpus: Iterable[GPU]) -> int:
+        """How many of ``gpus`` on ``node`` the namespace holds already (a shared GPU counts once)."""
+        with self._lock:
+            return sum(1 for gpu in gpus if self._held_by(namespace, node, gpu))
 
     def claim(self, uid: str) -> Claim | None:
         with self._lock:
@@ -153,7 +162,9 @@ class Ledger:
         """Record the pod as the watch shows it; returns the nodes where GPUs were freed."""
         uid = Pod(pod).uid
         claim = claim_of(pod)
+        member = Member.of(pod)
         with self._lock:
+            self._member(uid, member)
             reserved = self._reserved.get(uid)
             if reserved is not None:
                 if is_bound(pod) or not is_active(pod):
@@ -167,7 +178,9 @@ class Ledger:
         uid = Pod(pod).uid
         with self._lock:
             self._reserved.pop(uid, None)
-            return self._set(uid, pod_key(pod), None)
+            released = self._set(uid, pod_key(pod), None)
+            self._members.pop(uid, None)
+            return released
 
     # -- the scheduler's own writes -------------------------------------------------
 
@@ -191,20 +204,20 @@ class Ledger:
         non-empty nothing was taken.
         """
         uid = Pod(pod).uid
+        sharing, member = sharing_of(pod), Member.of(pod)
+        namespace = pod_key(pod).split("/", maxsplit=1)[0]
         with self._lock:
             conflicts = [
-                (gpu, key)
-                for gpu in claim.gpus
-                for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
-                if other != uid
+                (gpu, key) for gpu in claim.gpus for key in self._others(claim.node, gpu, uid, sharing)
             ]
             if conflicts:
                 return conflicts, ()
             if limit is not None:
-                own = self._pods.get(uid)
-                refusals = limit(len(own[1].gpus) if own and own[1].node == claim.node else 0)
+                # The GPUs of the claim the namespace already counts: this pod's own, its mates'.
+                refusals = limit(sum(1 for g in claim.gpus if self._held_by(namespace, claim.node, g)))
                 if refusals:
                     return [], refusals
+            self._member(uid, member)
             self._reserved[uid] = claim
             self._set(uid, pod_key(pod), claim)
             return [], ()
@@ -238,7 +251,7 @@ class Ledger:
                 (pod_key(pod), gpu, key)
                 for pod, claim in claims
                 for gpu in claim.gpus
-                for other, key in (self._gpus.get((claim.node, gpu)) or {}).items()
+                for other, key in self._holding(claim.node, gpu, sharing_of(pod))
                 if other not in uids and not ours(other, key)
             ]
             if conflicts:
@@ -249,6 +262,7 @@ class Ledger:
                     return [], refusals
             for pod, claim in claims:
                 uid = Pod(pod).uid
+                self._member(uid, Member.of(pod))
                 self._reserved[uid] = claim
                 self._set(uid, pod_key(pod), claim)
             return [], ()
@@ -263,6 +277,8 @@ class Ledger:
                 return False
             held = self._pods.get(from_uid)
             self._set(from_uid, held[0] if held else "", None)
+            self._members.pop(from_uid, None)
+            self._member(uid, Member.of(pod))
             self._reserved[uid] = claim
             self._set(uid, pod_key(pod), claim)
             return True
@@ -281,6 +297,26 @@ class Ledger:
 
     # -- internals -------------------------------------------------------------------
 
+    def _member(self, uid: str, member: Member | None) -> None:
+        if member is None:
+            self._members.pop(uid, None)
+        else:
+            self._members[uid] = member
+
+    def _holding(self, node: str, gpu: GPU, sharing: Sharing | None) -> list[tuple[str, str]]:
+        """``(uid, key)`` of the holders of ``node:gpu`` that ``sharing`` does not allow (lock held)."""
+        slot = self._gpus.get((node, gpu)) or {}
+        if sharing is None:
+            return list(slot.items())
+        return [(uid, key) for uid, key in slot.items() if not sharing.allows(gpu, self._members.get(uid))]
+
+    def _others(self, node: str, gpu: GPU, exclude_uid: str | None, sharing: Sharing | None) -> list[str]:
+        return [key for uid, key in self._holding(node, gpu, sharing) if uid != exclude_uid]
+
+    def _held_by(self, namespace: str, node: str, gpu: GPU) -> bool:
+        """Some pod of ``namespace`` holds ``node:gpu`` (lock held)."""
+        return any(_namespace(key) == namespace for key in (self._gpus.get((node, gpu)) or {}).values())
+
     def _set(self, uid: str, key: str, claim: Claim | None) -> set[str]:
         """Set the pod's claim (lock held); returns nodes whose GPUs were released."""
         released: set[str] = set()
@@ -288,29 +324,33 @@ class Ledger:
         if old is not None and old[1] == claim and old[0] == key:
             return released
         if old is not None:
-            old_claim = old[1]
-            self._count(old[0], old_claim.node, -len(old_claim.gpus))
+            old_key, old_claim = old
+            freed = 0
             for gpu in old_claim.gpus:
-                if claim is None or claim.node != old_claim.node or gpu not in claim.gpus:
-                    released.add(old_claim.node)
                 slot = self._gpus.get((old_claim.node, gpu))
                 if slot is not None:
                     slot.pop(uid, None)
                     if not slot:
                         del self._gpus[(old_claim.node, gpu)]
+                if claim is None or claim.node != old_claim.node or gpu not in claim.gpus:
+                    released.add(old_claim.node)
+                if not self._held_by(_namespace(old_key), old_claim.node, gpu):
+                    freed += 1  # its last holder in the namespace (a shared GPU counts once)
+            self._count(old_key, old_claim.node, -freed)
             del self._pods[uid]
         if claim is not None:
             self._pods[uid] = (key, claim)
-            self._count(key, claim.node, len(claim.gpus))
+            taken = sum(1 for gpu in claim.gpus if not self._held_by(_namespace(key), claim.node, gpu))
             for gpu in claim.gpus:
                 self._gpus.setdefault((claim.node, gpu), {})[uid] = key
+            self._count(key, claim.node, taken)
         return released
 
     def _count(self, key: str, node: str, gpus: int) -> None:
         """What the pod ``key``'s namespace holds on ``node`` changed by ``gpus`` (lock held)."""
         if not gpus:
             return
-        place = (key.split("/", maxsplit=1)[0], node)
+        place = (_namespace(key), node)
         held = self._places.get(place, 0) + gpus
         if held:
             self._places[place] = held
@@ -318,3 +358,7 @@ class Ledger:
             del self._places[place]
         if self._listener is not None:
             self._listener(place[0], node, gpus)
+
+
+def _namespace(key: str) -> str:
+    return key.split("/", maxsplit=1)[0]

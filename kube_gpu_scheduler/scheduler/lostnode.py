@@ -36,6 +36,7 @@ from kube_gpu_scheduler.domain.rules import (
     ready_condition,
 )
 from kube_gpu_scheduler.domain.schedmap import GPU
+from kube_gpu_scheduler.domain.sharing import Sharing, sharing_of
 from kube_gpu_scheduler.scheduler.binding import truncate_message
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.ledger import claim_of
@@ -101,7 +102,7 @@ class LostNodeReports:
         self,
         pod: Mapping[str, Any],
         decision: Decision,
-        holders: Callable[[str, Iterable[GPU], str | None], list[tuple[GPU, str]]],
+        holders: Callable[[str, Iterable[GPU], str | None, Sharing | None], list[tuple[GPU, str]]],
         pod_of: Callable[[str], Mapping[str, Any] | None],
         node: Mapping[str, Any] | None,
     ) -> Decision:
@@ -114,7 +115,7 @@ class LostNodeReports:
         if not any(r.reason == GPU_IN_USE for r in decision.refusals):
             return decision
         notes: dict[str, str] = {}
-        for gpu, key in holders(entry.node, entry.gpus, Pod(pod).uid):
+        for gpu, key in holders(entry.node, entry.gpus, Pod(pod).uid, sharing_of(pod)):
             holder = pod_of(key)
             if holder is None or not Pod(holder).deleting:
                 continue

@@ -20,6 +20,7 @@ from typing import Any
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.rules import GPU_IN_USE, Decision, Finding, gpus_in_use
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry
+from kube_gpu_scheduler.domain.sharing import Sharing, sharing_of
 from kube_gpu_scheduler.kube.errors import error_message
 from kube_gpu_scheduler.scheduler.binding import PodWriter
 from kube_gpu_scheduler.scheduler.eviction import Evictions, Warner
@@ -33,7 +34,7 @@ class RolloutEvictions:
         writer: PodWriter,
         events: Warner,
         pod_of: Callable[[str], Mapping[str, Any] | None],
-        holders: Callable[[str, Iterable[GPU], str | None], list[tuple[GPU, str]]],
+        holders: Callable[[str, Iterable[GPU], str | None, Sharing | None], list[tuple[GPU, str]]],
         evict_other_workloads: bool = False,
     ) -> None:
         self._writer = writer
@@ -52,7 +53,8 @@ class RolloutEvictions:
         owner = view.owner
         if owner is None or owner.get("kind") != "StatefulSet" or entry is None:
             return decision
-        held = sorted(self._holders(entry.node, entry.gpus, view.uid))
+        # A mate sharing the GPU by the pod's map is no conflict: it is never evicted for it.
+        held = sorted(self._holders(entry.node, entry.gpus, view.uid, sharing_of(pod)))
         if not held:
             return decision
         read: dict[tuple[str, str], Mapping[str, Any]] = {}

@@ -40,7 +40,7 @@ from kube_gpu_scheduler.domain.rules import (
     limit_reached,
     not_granted,
 )
-from kube_gpu_scheduler.domain.schedmap import Entry
+from kube_gpu_scheduler.domain.schedmap import GPU, Entry
 from kube_gpu_scheduler.domain.tenancy import Held, Policy, labels_of, product_of
 from kube_gpu_scheduler.kube.informer import Obj
 from kube_gpu_scheduler.scheduler.ledger import Ledger
@@ -195,9 +195,11 @@ class Tenancy:
         if entry is None or decision.reason in ALONE:
             return decision
         view = Pod(pod)
-        own = self.ledger.claim(view.uid)
-        already = len(own.gpus) if own is not None and own.node == entry.node else 0
-        found = self.ledger.atomically(lambda _: self._refusals(view.namespace or "", entry, already))
+        namespace = view.namespace or ""
+        # A GPU the namespace holds already (this pod's own, or a mate's it shares) adds nothing.
+        found = self.ledger.atomically(
+            lambda _: self._refusals(namespace, entry, self.ledger.counted(namespace, entry.node, entry.gpus))
+        )
         if not found:
             return decision
         self._wait(view.key)
@@ -226,11 +228,19 @@ class Tenancy:
             added: dict[tuple[str, str], int] = {}
             before: list[str] = []
             out: list[Blocked] = []
+            # GPUs an earlier member takes: a member sharing one of them adds nothing for it.
+            taken: set[tuple[str, str, GPU]] = set()
             for pod, entry in members:
                 view = Pod(pod)
                 namespace = view.namespace or ""
-                own = self.ledger.claim(view.uid)
-                want = len(entry.gpus) - (len(own.gpus) if own is not None and own.node == entry.node else 0)
+                new = [
+                    g
+                    for g in entry.gpus
+                    if (namespace, entry.node, g) not in taken
+                    and not self.ledger.counted(namespace, entry.node, (g,))
+                ]
+                taken.update((namespace, entry.node, g) for g in entry.gpus)
+                want = len(new)
                 product, granting = self._place(namespace, entry.node)
                 found = (
                     self._over(granting, product, entry, want, added, before)

@@ -84,7 +84,7 @@ class Events:
         return True
 
 
-def holds(node: str, gpus: Any, exclude_uid: str | None = None) -> list[tuple[int, str]]:
+def holds(node: str, gpus: Any, exclude_uid: str | None = None, sharing: Any = None) -> list[tuple[int, str]]:
     """The ledger of these tests: ns/w-0 holds node1:3."""
     return [(3, "ns/w-0")] if node == "node1" and 3 in gpus else []
 

@@ -26,6 +26,7 @@ from kube_gpu_scheduler.domain.rules.framework import (
 )
 from kube_gpu_scheduler.domain.rules.node import NOT_READ
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, Entry, excerpt
+from kube_gpu_scheduler.domain.sharing import Sharing, sharing_of
 
 GPU_NAME_NEEDS_DRA = rule(
     "GPUNameNeedsDRA",
@@ -72,9 +73,10 @@ class Holders(Protocol):
     """What the checks need from the ledger."""
 
     def holders(
-        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None
+        self, node: str, gpus: Iterable[GPU], exclude_uid: str | None = None, sharing: Sharing | None = None
     ) -> list[tuple[GPU, str]]:
-        """``(gpu, "namespace/name")`` for every mapped GPU held by another active pod."""
+        """``(gpu, "namespace/name")`` for every mapped GPU held by another active pod, less the
+        holders ``sharing`` allows beside the pod (its mates by its map)."""
         ...
 
 
@@ -153,9 +155,12 @@ def gpu_index_findings(entry: Entry, count: int | None) -> list[Finding]:
 
 
 def check_gpus(pod: Mapping[str, Any], entry: Entry, ledger: Holders) -> list[Finding]:
-    """No other active pod holds any of the mapped node:GPU pairs."""
+    """No other active pod holds any of the mapped node:GPU pairs, but for the pod's mates: the
+    replicas of its StatefulSet that its map gives the same GPU (:mod:`kube_gpu_scheduler.domain.sharing`)."""
     uid = (pod.get("metadata") or {}).get("uid")
-    return gpus_in_use(entry, ledger.holders(entry.node, entry.gpus, exclude_uid=uid))
+    return gpus_in_use(
+        entry, ledger.holders(entry.node, entry.gpus, exclude_uid=uid, sharing=sharing_of(pod))
+    )
 
 
 @emits(GPU_IN_USE)
