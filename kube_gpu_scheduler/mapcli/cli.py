@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kube_gpu_scheduler.base.argtypes import non_negative_int
+from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.rules import (
     INVALID_MAP,
     Finding,
@@ -29,7 +30,7 @@ from kube_gpu_scheduler.domain.rules import (
     resolve,
     unused_ordinals,
 )
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse, sharing_problems
 from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status
 from kube_gpu_scheduler.mapcli.manifest import (
     DEFAULT_SCHEDULER_NAME,
@@ -154,33 +155,59 @@ def _check_ordinals(report: MapReport, replicas: int | None, start: int) -> None
     report.warnings.extend({"file_line": line, "message": x.message, "reason": x.reason} for x in findings)
 
 
+# The reason of the warning for a map that shares GPUs.
+SHARED_GPU = "GPUShared"
+
+
+def _check_sharing(report: MapReport, allowed: bool) -> None:
+    """A map that shares GPUs: a warning naming each shared GPU, or (``--no-sharing``: the
+    cluster forbids it) an error per entry that shares."""
+    smap = report.smap
+    if smap is None or not smap.shared():
+        return
+    refused = None if allowed else sharing_problems(smap, sharing.RELEASE_FORBIDS)
+    if refused is not None:
+        report.smap = None
+        _record(report, refused)
+        return
+    first = min(smap.entries[o].line for ords in smap.shared().values() for o in ords[1:])
+    report.warnings.append(
+        {"file_line": report.file_line(first), "message": sharing.warning(smap), "reason": SHARED_GPU}
+    )
+
+
 def _check_text(report: MapReport, text: str) -> None:
     try:
         report.smap = parse(text)
     except MapError as err:
-        # Line 0 is the whole map (its size): point at the annotation's key.
-        key_line = report.found.key_line if report.found else None
-        for p in err.problems:
-            report.errors.append(
-                {
-                    "line": p.line or None,
-                    "file_line": report.file_line(p.line) if p.line else key_line,
-                    "text": p.text or None,
-                    "message": p.message,
-                    "reason": INVALID_MAP,
-                }
-            )
-        if err.more:
-            report.errors.append(
-                {
-                    "line": None,
-                    "file_line": key_line,
-                    "text": None,
-                    "message": f"and {err.more} more problem{'' if err.more == 1 else 's'} "
-                    f"(only the first {len(err.problems)} are listed)",
-                    "reason": INVALID_MAP,
-                }
-            )
+        _record(report, err)
+
+
+def _record(report: MapReport, err: MapError) -> None:
+    """Each of ``err``'s problems as an error of the report (and how many more there are)."""
+    # Line 0 is the whole map (its size): point at the annotation's key.
+    key_line = report.found.key_line if report.found else None
+    for p in err.problems:
+        report.errors.append(
+            {
+                "line": p.line or None,
+                "file_line": report.file_line(p.line) if p.line else key_line,
+                "text": p.text or None,
+                "message": p.message,
+                "reason": INVALID_MAP,
+            }
+        )
+    if err.more:
+        report.errors.append(
+            {
+                "line": None,
+                "file_line": key_line,
+                "text": None,
+                "message": f"and {err.more} more problem{'' if err.more == 1 else 's'} "
+                f"(only the first {len(err.problems)} are listed)",
+                "reason": INVALID_MAP,
+            }
+        )
 
 
 def _read(source: str) -> str:
@@ -204,9 +231,11 @@ def check_input(
     replicas: int | None = None,
     scheduler_name: str = DEFAULT_SCHEDULER_NAME,
     dra: bool = False,
+    sharing_allowed: bool = True,
 ) -> InputReport:
     """Check one input's text. ``mode``: ``auto``, ``map`` or ``manifest``; ``dra``: the cluster
-    runs DRA mode (GPUs named by PCI bus ID are then no warning)."""
+    runs DRA mode (GPUs named by PCI bus ID are then no warning); ``sharing_allowed``: a map
+    that shares GPUs is a warning (else an error)."""
     shown = _display(source)
     manifest = mode == "manifest" or (
         mode == "auto" and (source.lower().endswith(_YAML_SUFFIXES) or looks_like_manifest(text))
@@ -218,6 +247,7 @@ def check_input(
         report = MapReport(shown, None)
         _check_text(report, text)
         _check_names(report, dra)
+        _check_sharing(report, sharing_allowed)
         _check_ordinals(report, replicas, 0)
         return InputReport(shown, "map", maps=[report])
     out = InputReport(shown, "manifest")
@@ -243,6 +273,7 @@ def check_input(
         else:
             _check_text(report, f.text)
             _check_names(report, dra)
+            _check_sharing(report, sharing_allowed)
         _check_ordinals(report, replicas if replicas is not None else f.replicas, f.ordinal_start)
         out.maps.append(report)
     return out
@@ -274,9 +305,13 @@ def _print_problems(inp: InputReport, err: TextIO) -> None:
 
 
 def _table(smap: SchedulingMap) -> list[str]:
-    rows = [("ORDINAL", "NODE", "GPUS")] + [(str(o), smap[o].node, smap[o].devices) for o in smap]
-    widths = [max(len(r[i]) for r in rows) for i in range(2)]
-    return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
+    """ORDINAL, NODE, GPUS and, for a map that shares GPUs, SHARED WITH (the other ordinals)."""
+    rows = [("ORDINAL", "NODE", "GPUS", "SHARED WITH" if smap.shared() else "")]
+    for o in smap:
+        mates = sorted(set().union(*smap.mates(o).values())) if smap.mates(o) else []
+        rows.append((str(o), smap[o].node, smap[o].devices, ",".join(map(str, mates))))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
 def _print_tables(inputs: Sequence[InputReport], out: TextIO) -> None:
@@ -336,6 +371,12 @@ def build_parser() -> argparse.ArgumentParser:
         "are then no warning",
     )
     v.add_argument(
+        "--no-sharing",
+        action="store_true",
+        help="the release forbids GPU sharing (chart value sharing.allowed=false): a GPU that two "
+        "entries name is then an error, not a warning",
+    )
+    v.add_argument(
         "--scheduler-name",
         default=DEFAULT_SCHEDULER_NAME,
         help="the schedulerName pods must use (default: %(default)s)",
@@ -369,6 +410,7 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 replicas=args.replicas,
                 scheduler_name=args.scheduler_name,
                 dra=args.dra,
+                sharing_allowed=not args.no_sharing,
             )
         )
     unreadable = any(i.error for i in inputs)

@@ -31,7 +31,7 @@ from kube_gpu_scheduler.domain.gang import (
 )
 from kube_gpu_scheduler.domain.holding import is_active
 from kube_gpu_scheduler.domain.objects import Meta, Pod
-from kube_gpu_scheduler.domain.podinfo import entry_for, map_text
+from kube_gpu_scheduler.domain.podinfo import entry_for, map_text, pod_map
 from kube_gpu_scheduler.domain.rules import MAP_CONFLICT, Decision, evaluate
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
 from kube_gpu_scheduler.domain.sharing import Sharing
@@ -47,6 +47,19 @@ class ReplicaPlan:
     placed: bool
     reason: str = ""
     message: str = ""
+    # GPU -> the other replicas its map gives it (shared on purpose), ordinals ascending.
+    shares: Mapping[GPU, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def sharing(self) -> str:
+        """``"shares node4:3 with replica 4"`` (``""`` when it shares nothing)."""
+        if not self.shares or self.entry is None:
+            return ""
+        parts = [
+            f"{self.entry.node}:{gpu} with replica{'s' if len(o) > 1 else ''} {', '.join(map(str, o))}"
+            for gpu, o in self.shares.items()
+        ]
+        return "shares " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         e = self.entry
@@ -57,6 +70,7 @@ class ReplicaPlan:
             "placed": self.placed,
             "reason": self.reason or None,
             "message": self.message or None,
+            "sharedWith": {str(g): list(o) for g, o in self.shares.items()},
         }
 
 
@@ -198,11 +212,24 @@ def plan(
         for ordinal in replica_ordinals(sts):
             pod = replica_pod(sts, ordinal, uid=f"plan:{ordinal}")
             decision = evaluate(pod, cluster.nodes, holders, False, room, dra)
-            result.replicas.append(_verdict(ordinal, decision, mine))
+            verdict = _verdict(ordinal, decision, mine)
+            verdict.shares = _shares(pod, ordinal)
+            result.replicas.append(verdict)
         if result.gang and not result.ok:
             _gang(result, sts)
         out.append(result)
     return out
+
+
+def _shares(pod: Mapping[str, Any], ordinal: int) -> dict[GPU, tuple[int, ...]]:
+    """GPU -> the other replicas the pod's map gives it too."""
+    try:
+        smap = pod_map(pod.get("metadata"))
+    except MapError:
+        return {}
+    if smap is None:
+        return {}
+    return {g: tuple(sorted(o)) for g, o in smap.mates(ordinal).items()}
 
 
 def _others_of(others: Mapping[Where, list[str]], key: str) -> dict[Where, list[str]]:

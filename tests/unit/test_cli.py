@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kube_gpu_scheduler.mapcli.cli import check_input
+from tests.support.mapcorpus import TASK_MAP
 
 MAP_CMD = Path(sys.executable).parent / "gpu-scheduler-map"
 
@@ -171,22 +172,66 @@ def test_multi_document_helm_output(tmp_path: Path) -> None:
     path = tmp_path / "rendered.yaml"
     path.write_text(text)
     lines_of_file = text.split("\n")
+    # Replicas 0 and 1 of "bad" share node1:2: a warning on the line of the second sharer.
     res = run("validate", str(path))
     assert res.returncode == 1
     err = res.stderr.splitlines()
     assert len(err) == 2, res.stderr
-    # The duplicate NODE:GPU is line 3 of the annotation; check the file line really holds it.
     prefix = f"{path}:"
     assert err[0].startswith(prefix)
     file_line = int(err[0][len(prefix) :].split(":", 1)[0])
     assert lines_of_file[file_line - 1].strip() == "1=node1:2"
-    assert ": StatefulSet team-a/bad: line 3: node1:2 is already given to ordinal 0 on line 1" in err[0]
+    assert (
+        ": warning: StatefulSet team-a/bad: gpu-scheduling-map shares GPUs between replicas: "
+        "node1:2 by ordinals 0, 1 (lines 1, 3)" in err[0]
+    )
+    assert "StatefulSet team-a/bad (replicas 2)" in res.stdout
+    # Where the release forbids sharing, the shared NODE:GPU is an error on line 3 of the
+    # annotation; check the file line really holds it.
+    res = run("validate", "--no-sharing", str(path))
+    assert res.returncode == 1
+    err = res.stderr.splitlines()
+    assert len(err) == 2, res.stderr
+    file_line = int(err[0][len(prefix) :].split(":", 1)[0])
+    assert lines_of_file[file_line - 1].strip() == "1=node1:2"
+    assert (
+        ": StatefulSet team-a/bad: line 3: node1:2 is also given to ordinal 0 on line 1: this release "
+        "forbids GPU sharing (chart value sharing.allowed=false)" in err[0]
+    )
+    assert "StatefulSet team-a/bad" not in res.stdout
     # A one-line quoted annotation: the file line is the annotation's own line.
     file_line = int(err[1][len(prefix) :].split(":", 1)[0])
     assert "gpu-scheduling-map:" in lines_of_file[file_line - 1]
     assert ": Pod default/w-1: line 1: GPU 'x' is not an index, a UUID" in err[1]
     # The valid StatefulSet still gets its table.
     assert "StatefulSet default/w (replicas 3)" in res.stdout
+
+
+def test_the_tasks_map_is_valid_and_its_table_shows_who_shares(tmp_path: Path) -> None:
+    path = write(tmp_path, "task.map", TASK_MAP)
+    res = run("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        "ORDINAL  NODE   GPUS   SHARED WITH",
+        "0        node1  0,1",
+        "1        node2  2",
+        "2        node3  0,1,2",
+        "3        node4  3      4",
+        "4        node4  3      3",
+    ]
+    assert res.stderr == (
+        f"{path}:5: warning: gpu-scheduling-map shares GPUs between replicas: node4:3 by ordinals 3, 4 "
+        "(lines 4, 5); a shared GPU is time-sliced by the driver, with no memory isolation between its "
+        "sharers (MIG or MPS give that); sharing.allowed=false forbids sharing\n"
+    )
+    report = json.loads(run("validate", "--format", "json", str(path)).stdout)
+    assert report["ok"] is True
+    assert [w["reason"] for w in report["inputs"][0]["maps"][0]["warnings"]] == ["GPUShared"]
+    # --strict fails on the warning; --no-sharing refuses the map.
+    assert run("validate", "--strict", str(path)).returncode == 1
+    refused = run("validate", "--no-sharing", str(path))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "node4:3 is also given to ordinal 3 on line 4: this release forbids GPU sharing" in refused.stderr
 
 
 def test_list_from_kubectl(tmp_path: Path) -> None:

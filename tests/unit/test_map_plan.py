@@ -19,6 +19,7 @@ from kube_gpu_scheduler.domain.rules import (
 )
 from kube_gpu_scheduler.mapcli import plan, status
 from kube_gpu_scheduler.mapcli.live import Cluster
+from tests.support.mapcorpus import TASK_MAP
 from tests.unit.test_scheduler_process import node
 
 OURS = "gpu-scheduler"
@@ -86,6 +87,36 @@ def test_each_replica_is_decided_by_the_schedulers_rules_against_the_cluster() -
     assert (got[0].reason, got[0].message) == (GPU_IN_USE, "GPU node1:0 is held by pod team-a/train-0")
     assert got[2].reason == GPU_OUT_OF_RANGE and got[3].reason == NODE_UNSCHEDULABLE
     assert got[4].reason == NODE_NOT_FOUND
+
+
+def test_the_tasks_map_is_placed_and_the_plan_names_the_sharers() -> None:
+    nodes = [node(f"node{i}") for i in range(1, 5)]
+    got = by_ordinal(plan.plan([sts("w", TASK_MAP, 5)], cluster(nodes=nodes), OURS), "w")
+    assert all(r.placed for r in got.values()), [r.message for r in got.values()]
+    assert (
+        got[3].sharing == "shares node4:3 with replica 4"
+        and got[4].sharing == "shares node4:3 with replica 3"
+    )
+    assert got[0].sharing == "" and got[3].to_json()["sharedWith"] == {"3": [4]}
+    # Another workload holding GPU 3 of node4 keeps both sharers waiting; a map that plans to
+    # share a GPU another StatefulSet wants is a conflict for each sharer.
+    other = sts("train", "0=node4:3", 1, ns="team-a")
+    live = cluster(running(other, 0, "node4", "3"), sets=[other], nodes=nodes)
+    got = by_ordinal(plan.plan([sts("w", TASK_MAP, 5)], live, OURS), "w")
+    assert [got[o].reason for o in (3, 4)] == [GPU_IN_USE, GPU_IN_USE]
+    assert got[4].message == "GPU node4:3 is held by pod team-a/train-0"
+    waiting = sts("later", "0=node4:3", 1, ns="team-b")
+    got = by_ordinal(plan.plan([sts("w", TASK_MAP, 5)], cluster(sets=[waiting], nodes=nodes), OURS), "w")
+    assert [got[o].reason for o in (3, 4)] == [MAP_CONFLICT, MAP_CONFLICT]
+
+
+def test_status_lists_every_holder_of_a_shared_gpu() -> None:
+    own = sts("w", TASK_MAP, 5)
+    live = cluster(
+        running(own, 3, "node4", "3"), running(own, 4, "node4", "3"), sets=[own], nodes=[node("node4")]
+    )
+    table = status.gpu_table(live, OURS)
+    assert [(g, [h.key for h in hs]) for g, hs in table["node4"] if hs] == [(3, ["ml/w-3", "ml/w-4"])]
 
 
 def test_maps_not_yet_placed_are_conflicts_and_its_own_replicas_are_not() -> None:
