@@ -24,6 +24,7 @@ from tests.support.charts import (
     template,
 )
 from tests.support.fakenvml import nvml_env
+from tests.support.mapcorpus import TASK_MAP
 
 CHART = CHECK_CHART
 NS = "gpu-tests"
@@ -71,6 +72,27 @@ def test_map_from_values_is_ordered_and_normalised() -> None:
     }
     text = sts(render(CHART, values=values))["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
     assert text == "0=a:0,2\n1=b:3\n7=spare:1\n"
+
+
+def test_the_tasks_map_with_two_replicas_sharing_a_gpu_renders_as_written() -> None:
+    entries = [
+        (0, "node1", "0,1"),
+        (1, "node2", "2"),
+        (2, "node3", "0,1,2"),
+        (3, "node4", "3"),
+        (4, "node4", "3"),
+    ]
+    values = {
+        "replicaCount": 5,
+        "gpuScheduling": {
+            "schedulingMap": [{"podIndex": o, "nodeName": n, "gpuDevices": g} for o, n, g in entries]
+        },
+    }
+    s = sts(render(CHART, values=values))
+    text = s["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == TASK_MAP and s["spec"]["replicas"] == 5
+    # Each sharer is checked against its own entry: both are given GPU 3 of node4.
+    assert parse(text).shared() == {("node4", 3): (3, 4)}
 
 
 @pytest.mark.parametrize(

@@ -104,6 +104,25 @@ def test_filter_refuses_a_held_gpu_naming_the_holder(sched: Scheduler, extender:
     assert out["FailedAndUnresolvableNodes"]["node2"] == "GPUInUse: GPU node2:1 is held by pod ns/a-0"
 
 
+def test_filter_passes_a_replica_beside_its_mate_and_refuses_another_workload(
+    sched: Scheduler, extender: Extender
+) -> None:
+    smap = "0=node2:1\n1=node2:1"
+    owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "w", "uid": "sts-w", "controller": True}
+    mate = mapped_pod("w-0", smap, node="node2")
+    mate["metadata"]["ownerReferences"] = [owner]
+    sched.pods._apply({"type": "ADDED", "object": mate})
+    sharer = mapped_pod("w-1", smap)
+    sharer["metadata"]["ownerReferences"] = [owner]
+    out = extender.filter({"pod": sharer, "nodenames": ["node1", "node2"]})
+    assert out["NodeNames"] == ["node2"], out
+    # The same map on another StatefulSet's replica: w-0 is not its mate.
+    other = mapped_pod("v-1", smap)
+    other["metadata"]["ownerReferences"] = [{**owner, "name": "v", "uid": "sts-v"}]
+    out = extender.filter({"pod": other, "nodenames": ["node2"]})
+    assert out["FailedAndUnresolvableNodes"]["node2"] == "GPUInUse: GPU node2:1 is held by pod ns/w-0"
+
+
 def test_filter_refuses_every_node_when_the_map_does_not_resolve(extender: Extender) -> None:
     out = extender.filter({"Pod": mapped_pod("w-3", "0=node1:0"), "NodeNames": ["node1", "node2"]})
     assert out["NodeNames"] == []
