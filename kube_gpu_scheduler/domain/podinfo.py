@@ -10,7 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, SchedulingMap, parse_cached
+from kube_gpu_scheduler.domain.mapcache import parse_cached
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, SchedulingMap
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 # Where the scheduler records what it bound, for the ledger and for users.
@@ -40,7 +41,7 @@ def pod_map(metadata: Mapping[str, Any] | None) -> SchedulingMap | None:
     """The pod's parsed map, ``None`` when it has no annotation; raises MapError when malformed.
 
     Every pod of a StatefulSet carries the same text: it is parsed once
-    (:func:`kube_gpu_scheduler.domain.schedmap.parse_cached`).
+    (:func:`kube_gpu_scheduler.domain.mapcache.parse_cached`).
     """
     text = map_text(metadata)
     return None if text is None else parse_cached(text)

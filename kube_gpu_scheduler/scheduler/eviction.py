@@ -47,10 +47,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kube_gpu_scheduler.domain.mapcache import parse_cached
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.podinfo import ordinal_of
 from kube_gpu_scheduler.domain.rules import EVICTED_FOR_ROLLOUT
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, MapError, parse_cached
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, Entry, MapError
 from kube_gpu_scheduler.kube.errors import ApiError, api_status, error_message
 
 log = logging.getLogger("gpu_scheduler")

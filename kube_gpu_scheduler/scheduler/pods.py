@@ -6,9 +6,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kube_gpu_scheduler.domain.mapcache import shared_text
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, shared_text
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION
 
 Obj = dict[str, Any]
 

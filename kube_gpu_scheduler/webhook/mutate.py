@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from kube_gpu_scheduler.domain.injection import desired_env, foreign_runtime_class, runtime_class_for
+from kube_gpu_scheduler.domain.mapcache import parse_cached
 from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     INVALID_MAP,
@@ -23,7 +24,7 @@ from kube_gpu_scheduler.domain.rules import (
     resolve,
     runtime_class_conflict,
 )
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt, parse_cached
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt
 from kube_gpu_scheduler.webhook.grants import GrantsLookup, created_by_statefulset_controller, grant_findings
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from kube_gpu_scheduler.domain.injection import foreign_runtime_class
+from kube_gpu_scheduler.domain.mapcache import parse_cached
 from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     Finding,
@@ -28,7 +29,7 @@ from kube_gpu_scheduler.domain.rules import (
     replica_findings,
     runtime_class_conflict,
 )
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse_cached
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap
 from kube_gpu_scheduler.webhook.grants import GrantsLookup, grant_findings
 from kube_gpu_scheduler.webhook.nodes import NodeLookup, NodeLookupUnavailable
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, gpu_resource_policy

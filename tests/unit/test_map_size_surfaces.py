@@ -16,12 +16,8 @@ from typing import Any
 
 import pytest
 
-from kube_gpu_scheduler.domain.schedmap import (
-    EXCERPT_CHARS,
-    MAX_ERROR_CHARS,
-    MAX_PROBLEMS_LISTED,
-    parse_cache_clear,
-)
+from kube_gpu_scheduler.domain.mapcache import parse_cache_clear
+from kube_gpu_scheduler.domain.schedmap import EXCERPT_CHARS, MAX_ERROR_CHARS, MAX_PROBLEMS_LISTED
 from kube_gpu_scheduler.mapcli import cli
 from kube_gpu_scheduler.webhook.app import create_app
 from kube_gpu_scheduler.webhook.settings import Settings
@@ -238,8 +234,8 @@ def _scheduler_pod(text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> None:
+    from kube_gpu_scheduler.domain.mapcache import parse_cache_clear
     from kube_gpu_scheduler.domain.rules import INVALID_MAP, evaluate
-    from kube_gpu_scheduler.domain.schedmap import parse_cache_clear
     from kube_gpu_scheduler.scheduler.binding import MESSAGE_LIMIT, truncate_message
     from kube_gpu_scheduler.scheduler.events import NOTE_LIMIT, truncate
     from kube_gpu_scheduler.scheduler.ledger import Ledger

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kube_gpu_scheduler.domain import schedmap
+from kube_gpu_scheduler.domain import mapcache
+from kube_gpu_scheduler.domain.mapcache import parse_cache_clear, parse_cache_size, parse_cached
 from kube_gpu_scheduler.domain.schedmap import (
     ANNOTATION,
     EXCERPT_CHARS,
@@ -25,9 +26,6 @@ from kube_gpu_scheduler.domain.schedmap import (
     Problem,
     excerpt,
     parse,
-    parse_cache_clear,
-    parse_cache_size,
-    parse_cached,
     sharing_problems,
     utf8_size,
 )
@@ -300,7 +298,7 @@ def test_parse_cached_does_not_keep_oversize_texts() -> None:
 
 
 def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
-    cache = schedmap._ParseCache(max_entries=4, max_bytes=10**9)
+    cache = mapcache._ParseCache(max_entries=4, max_bytes=10**9)
     for i in range(10):
         cache.parse(f"0=n:{i}\n")
     assert cache.size()[0] == 4
@@ -308,7 +306,7 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
     kept = cache.parse("0=n:6\n")
     cache.parse("0=n:100\n")
     assert cache.parse("0=n:6\n") is kept
-    small = schedmap._ParseCache(max_entries=1000, max_bytes=200_000)
+    small = mapcache._ParseCache(max_entries=1000, max_bytes=200_000)
     for i in range(20):
         small.parse("".join(f"{o}=n{i}-{o // 8}:{o % 8}\n" for o in range(40)))
         assert small.size()[1] <= 200_000
@@ -316,11 +314,11 @@ def test_the_cache_is_bounded_in_entries_and_bytes() -> None:
 
 
 def test_the_default_cache_is_bounded() -> None:
-    for i in range(schedmap.PARSE_CACHE_ENTRIES + 50):
+    for i in range(mapcache.PARSE_CACHE_ENTRIES + 50):
         parse_cached(f"{i}=n:0")
     entries, size = parse_cache_size()
-    assert entries == schedmap.PARSE_CACHE_ENTRIES
-    assert size <= schedmap.PARSE_CACHE_BYTES
+    assert entries == mapcache.PARSE_CACHE_ENTRIES
+    assert size <= mapcache.PARSE_CACHE_BYTES
 
 
 def test_parse_cached_from_many_threads() -> None:
@@ -345,7 +343,7 @@ def test_parse_cached_from_many_threads() -> None:
 
 
 def test_equal_map_texts_are_kept_once_by_the_schedulers_pod_cache() -> None:
-    from kube_gpu_scheduler.domain.schedmap import parse_cache_clear, shared_text
+    from kube_gpu_scheduler.domain.mapcache import parse_cache_clear, shared_text
     from kube_gpu_scheduler.scheduler.pods import share_map_text
 
     parse_cache_clear()

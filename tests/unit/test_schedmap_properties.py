@@ -141,7 +141,9 @@ def test_format_then_parse_round_trips(smap: SchedulingMap) -> None:
     assert back.shared() == {k: tuple(v) for k, v in named.items() if len(v) > 1}
     for o in back:
         assert back.mates(o) == {
-            g: frozenset(named[(back[o].node, g)]) - {o} for g in back[o].gpus if len(named[(back[o].node, g)]) > 1
+            g: frozenset(named[(back[o].node, g)]) - {o}
+            for g in back[o].gpus
+            if len(named[(back[o].node, g)]) > 1
         }
 
 
