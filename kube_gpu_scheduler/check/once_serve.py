@@ -25,6 +25,7 @@ from kube_gpu_scheduler.check.results import (
 )
 from kube_gpu_scheduler.check.seen import seen, write_termination_message
 from kube_gpu_scheduler.check.settings import Settings
+from kube_gpu_scheduler.domain.injection import CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES
 
 
 def cmd_once(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> int:
@@ -46,6 +47,21 @@ def cmd_once(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> int:
 def log_seen(record: dict[str, Any]) -> None:
     """One ``devices seen`` line: node, NVML status, UUID and PCI bus ID per index."""
     log.info("devices seen", extra={"seen": record, "pod": record["pod"]})
+
+
+def log_visible(settings: Settings, ok: bool) -> None:
+    """``serve``'s line of every run (INFO): the pod's node and the device variables its
+    container holds (``kubectl logs POD`` shows where each replica runs and which GPUs it was
+    given, run after run); ``NVIDIA_VISIBLE_DEVICES`` only where it is set."""
+    extra: dict[str, Any] = {
+        "pod": settings.pod,
+        "node": settings.node_name,
+        CUDA_VISIBLE_DEVICES: settings.cuda_visible_devices,
+    }
+    if settings.nvidia_visible_devices is not None:
+        extra[NVIDIA_VISIBLE_DEVICES] = settings.nvidia_visible_devices
+    extra["ok"] = ok
+    log.info("visible devices", extra=extra)
 
 
 class _State:
@@ -130,6 +146,7 @@ def _run_and_store(settings: Settings, state: _State, nvml_query: NvmlQuery) -> 
     for r in results:
         # Every check on the first run and whenever the verdict flips; DEBUG in between.
         log_result(r, None if changed else logging.DEBUG)
+    log_visible(settings, now)
     if changed:
         log_seen(record)
         log.log(

@@ -223,6 +223,13 @@ def test_serve_ready_when_placement_matches(serve: Any) -> None:
     assert any(d["msg"] == "stopping" and d["signal"] == "SIGTERM" for d in lines)
     # The first run logs every check; re-runs with an unchanged verdict stay at DEBUG.
     assert sum(1 for d in lines if d.get("check") == "node") == 1
+    # But every run says where the pod runs and what it was given (make demo prints these).
+    visible = [d for d in lines if d["msg"] == "visible devices"]
+    assert len(visible) >= 3, lines
+    assert {(d["level"], d["pod"], d["node"], d["CUDA_VISIBLE_DEVICES"], d["ok"]) for d in visible} == {
+        ("info", "ns/w-1", "node2", "0", True)
+    }
+    assert all("NVIDIA_VISIBLE_DEVICES" not in d for d in visible)
 
 
 def test_serve_not_ready_on_mismatch(serve: Any) -> None:
@@ -281,6 +288,22 @@ def test_readiness_follows_each_run() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_every_run_logs_node_and_visible_devices(caplog: pytest.LogCaptureFixture) -> None:
+    """One INFO line per run, the verdict flipping or not: node, the device variables, ok."""
+    reports = iter([nvml.NvmlReport(False, reason="NVML not available: x")] * 2)
+    env = {**GOOD_ENV, "CHECK_EXPECT_NO_GPU": "true", "GPU_INJECTION_MODE": "nvidia"}
+    settings = check.Settings.from_env({**env, "NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "1"})
+    state = check._State()
+    with caplog.at_level("INFO", logger="gpu_scheduling.check"):
+        for _ in range(2):
+            check._run_and_store(settings, state, lambda: next(reports))
+    visible = [r for r in caplog.records if r.getMessage() == "visible devices"]
+    assert [
+        (r.levelname, r.pod, r.node, r.CUDA_VISIBLE_DEVICES, r.NVIDIA_VISIBLE_DEVICES, r.ok)  # type: ignore[attr-defined]
+        for r in visible
+    ] == [("INFO", "ns/w-1", "node2", "1", "0", False)] * 2  # entry 1 wants CUDA_VISIBLE_DEVICES=0
 
 
 # --- http-get ------------------------------------------------------------------------------------
