@@ -78,6 +78,7 @@ class Cluster(ServiceRoutes, ClusterNodes):
         images: Sequence[Path] = (),
         nvidia_gpus: int = 0,
         controllers_off: Sequence[str] = (),
+        real_node_name: str = CONTROL_PLANE_NODE,
     ) -> Cluster:
         """Start every component; on any failure stop what was started and raise.
 
@@ -91,9 +92,13 @@ class Cluster(ServiceRoutes, ClusterNodes):
         installed with its own chart on the real node over that many stand-in GPUs
         (localcluster/nvidia_driver.py). ``controllers_off``: kube-controller-manager's
         controllers not to run (``make bench`` creates the StatefulSets' pods itself).
+        ``real_node_name``: the name the real node registers under (``make demo`` names it as the
+        task's map names a GPU node, ``node4``); it is the control-plane node whatever its name.
         """
         if nvidia_gpus and not real_node:
             raise ValueError("nvidia_gpus needs real_node=True: NVIDIA's DRA driver runs on the real node")
+        if real_node and real_node_name in {f"node{i}" for i in range(1, gpu_nodes + 1)}:
+            raise ValueError(f"the real node cannot be named {real_node_name}: a kwok GPU node has that name")
         refused_for = os.environ.get(NO_CONTROL_PLANE)
         if refused_for:
             raise RuntimeError(
@@ -112,7 +117,7 @@ class Cluster(ServiceRoutes, ClusterNodes):
         if real_node:
             from localcluster.node import RealNode
 
-            cluster.node = RealNode(workdir, node_binaries())
+            cluster.node = RealNode(workdir, node_binaries(), real_node_name)
         # A CA of its own, so that a webhook trusting it trusts the apiserver's webhook client only.
         webhook_pki = LocalPKI(workdir / "pki" / "webhook-client")
         cluster.webhook_client_ca_file = webhook_pki.ca_file

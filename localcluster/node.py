@@ -120,8 +120,11 @@ def _runtime_handler(name: str, binary: Path) -> str:
 class RealNode:
     """One kubelet node. Build it with :meth:`start`; :meth:`stop` gives the host back."""
 
-    def __init__(self, workdir: Path, bins: NodeBinaries) -> None:
+    def __init__(self, workdir: Path, bins: NodeBinaries, name: str = NODE_NAME) -> None:
         self.dir = Path(workdir).resolve() / "node"
+        # The name it registers under (its kubelet's and kube-proxy's hostname override, its
+        # certificates' system:node:NAME): NODE_NAME everywhere but in ``make demo``.
+        self.name = name
         self.bins = bins
         self.procs: dict[str, ManagedProcess] = {}
         self.detached = False
@@ -289,11 +292,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
     def start_kubelet(self, cp: ControlPlane) -> int:
         kdir = self.dir / "kubelet"
         kdir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = cp.client_kubeconfig(self.dir, "kubelet", f"system:node:{NODE_NAME}", org="system:nodes")
+        kubeconfig = cp.client_kubeconfig(self.dir, "kubelet", f"system:node:{self.name}", org="system:nodes")
         serving_crt, serving_key = cp.pki.issue(
             "kubelet-serving",
-            f"system:node:{NODE_NAME}",
-            dns=(NODE_NAME, "localhost"),
+            f"system:node:{self.name}",
+            dns=(self.name, "localhost"),
             ips=(GATEWAY,),
             server=True,
         )
@@ -355,7 +358,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
                 str(self.bins.kubelet),
                 f"--config={cfg_path}",
                 f"--kubeconfig={kubeconfig}",
-                f"--hostname-override={NODE_NAME}",
+                f"--hostname-override={self.name}",
                 f"--node-ip={GATEWAY}",
                 f"--root-dir={self.sock_dir / 'kubelet'}",
                 f"--cert-dir={kdir / 'pki'}",
@@ -396,7 +399,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             "kind": "KubeProxyConfiguration",
             "mode": "nftables",
             "clientConnection": {"kubeconfig": str(kubeconfig)},
-            "hostnameOverride": NODE_NAME,
+            "hostnameOverride": self.name,
             "clusterCIDR": POD_CIDR,
             "bindAddress": "127.0.0.1",
             "healthzBindAddress": f"127.0.0.1:{cp.free_port()}",

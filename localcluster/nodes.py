@@ -27,9 +27,8 @@ class ClusterNodes(ComponentProcesses):
         return self._spawn(name, argv, path_prefix=self.node.bins.shim_dir)
 
     def _start_real_node(self, pki: LocalPKI, timeout: float) -> None:
-        from localcluster.node import NODE_NAME
-
         assert self.node is not None
+        name = self.node.name
         from localcluster.node import COREDNS_RBAC, ControlPlane
 
         self.apply(COREDNS_RBAC)
@@ -40,20 +39,18 @@ class ClusterNodes(ComponentProcesses):
         self.procs["coredns"].wait_http(dns_health, timeout=timeout)
         self.node.start_kubelet(access)
         self.node.start_kube_proxy(access)
-        self.wait_until(
-            lambda: self._ok("get", "node", NODE_NAME), timeout, f"the kubelet to register {NODE_NAME}"
-        )
+        self.wait_until(lambda: self._ok("get", "node", name), timeout, f"the kubelet to register {name}")
         # The kubelet may not set node-role labels itself (NodeRestriction): label it here, so the
         # charts' default nodeSelector and tolerations (control-plane) hold unchanged.
         self.kubectl(
             "label",
             "node",
-            NODE_NAME,
+            name,
             "--overwrite",
             "node-role.kubernetes.io/control-plane=",
             "node.kubernetes.io/exclude-from-external-load-balancers=",
         )
-        self.wait_node_ready(NODE_NAME, timeout)
+        self.wait_node_ready(name, timeout)
 
     def _create_nodes(self, gpu_nodes: int, gpus_per_node: int, timeout: float) -> None:
         names = [f"node{i}" for i in range(1, gpu_nodes + 1)]

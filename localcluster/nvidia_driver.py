@@ -240,11 +240,10 @@ def _install_toolkit(cluster: Cluster, node: RealNode, root: DriverRoot) -> None
 def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDriver:
     """Install NVIDIA's DRA driver on the cluster's real node over ``gpus`` stand-in GPUs, and wait
     until the plugin has published the node's ResourceSlice with every one of them."""
-    from localcluster.node import NODE_NAME
-
     node = cluster.node
     if node is None:
         raise RuntimeError("NVIDIA's DRA driver runs on the real node: Cluster.start(real_node=True)")
+    name = node.name
     # The chart mounts the root's parent and the kubelet's plugin folder with mount propagation,
     # which runc allows only from a shared mount: each is a shared bind mount of itself.
     parent = node.dir / "nvidia"
@@ -252,11 +251,11 @@ def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDrive
     kubelet_root = node.sock_dir / "kubelet"
     _share_mount(kubelet_root)
     # Minors not in PCI bus order (shift 1), as on many machines: an index is resolved by bus order.
-    root = build_driver_root(parent / "root", Machine.for_node(NODE_NAME, gpus, shift=1))
+    root = build_driver_root(parent / "root", Machine.for_node(name, gpus, shift=1))
     _install_toolkit(cluster, node, root)
     plugin = plugin_image()
     node.import_image(plugin.archive)
-    cluster.kubectl("label", "node", NODE_NAME, f"{GPU_PRESENT_LABEL}=true", "--overwrite")
+    cluster.kubectl("label", "node", name, f"{GPU_PRESENT_LABEL}=true", "--overwrite")
     values = cluster.workdir / "nvidia-dra-driver-values.json"
     values.write_text(json.dumps(chart_values(plugin, root, kubelet_root), indent=2))
     cluster.helm(
@@ -279,10 +278,10 @@ def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDrive
             return False
         for item in json.loads(res.stdout)["items"]:
             spec = item.get("spec") or {}
-            if spec.get("nodeName") == NODE_NAME and spec.get("driver") == DRIVER_NAME:
+            if spec.get("nodeName") == name and spec.get("driver") == DRIVER_NAME:
                 got = {d["attributes"]["uuid"]["string"] for d in spec.get("devices") or []}
                 return got == want
         return False
 
-    cluster.wait_until(published, timeout, f"NVIDIA's plugin to publish {NODE_NAME}'s {gpus} GPUs")
-    return InstalledDriver(root, NODE_NAME)
+    cluster.wait_until(published, timeout, f"NVIDIA's plugin to publish {name}'s {gpus} GPUs")
+    return InstalledDriver(root, name)
