@@ -1,22 +1,28 @@
 """``make demo``: the whole product on the local control plane, end to end.
 
 Builds the image from the Dockerfile (localcluster/image.py), starts the control plane
-with fake GPU nodes (kwok) and one real kubelet node (localcluster/node.py) that holds
-the image, and installs gpu-scheduler-chart as a user does, with its defaults: the
+with the task's GPU nodes: node1 to node3 fake (kwok), node4 the one real kubelet node
+(localcluster/node.py, localcluster/demo_task.py) that holds the image, and installs
+gpu-scheduler-chart as a user does, with its defaults: the
 scheduler runs as a pod on the real node, with the chart's security context, and the
 apiserver (Kubernetes 1.37) injects the GPU variables itself (injection.mode auto picks the
 MutatingAdmissionPolicy): no webhook, no certificate anywhere. With ``webhook=True``
 (``DEMO_ARGS=--webhook``) the webhook runs as pods too and the apiserver calls it through
 its Service with certificates from generate-webhook-certs.py. Then it applies
-examples/gpu-workload.yaml, prints where each replica landed, and runs ``helm test``. Exit
-0 only when every replica is Running where the map says, with the mapped devices, and the
-helm test passes.
+examples/gpu-workload.yaml (the task's map: replicas 3 and 4 share node4's GPU 3), prints
+where each replica landed, ``kubectl get pod -o wide -A`` and the logs of the replicas on
+node3 (a kwok node: none) and node4 (two real containers running the check program, which
+logs its node and CUDA_VISIBLE_DEVICES every interval), and runs ``helm test``. Exit 0 only
+when every replica is Running where the map says, with the mapped devices, the two on node4
+Ready and logging their mapped node and CUDA_VISIBLE_DEVICES, and the helm test passes.
 
 With ``dra=True`` (``DEMO_ARGS=--dra``) the real node runs NVIDIA's own DRA driver over
 stand-in GPUs (localcluster/nvidia_driver.py, localcluster/demo_dra.py); the kwok GPU nodes get
 the ResourceSlices that driver would publish (localcluster/dra.py), and it installs the
 chart in DRA mode (``dra.enabled=true``): each replica gets a ResourceClaim naming its GPUs,
-kube-scheduler allocates it and binds the pod. A replica matches when it runs on its node and
+kube-scheduler allocates it and binds the pod (shared GPUs are not placed in DRA mode yet: the
+example's map is cut before its first sharer, replicas 0 to 2; the real node keeps its name,
+control-plane). A replica matches when it runs on its node and
 its claim is allocated exactly the devices its entry resolves to (kube_gpu_scheduler.domain.dra); the
 table shows each claim's devices with their PCI bus IDs and UUIDs, and ``gpu-scheduler-check
 verify-release --mode dra`` checks the same through the API before ``helm test``. Last, it
@@ -42,7 +48,7 @@ from kube_gpu_scheduler.domain.injection import (
     format_devices,
     held_devices,
 )
-from kube_gpu_scheduler.domain.podinfo import entry_for
+from kube_gpu_scheduler.domain.podinfo import entry_for, pod_map
 from localcluster.cluster import REPO, Cluster
 from localcluster.demo_dra import (
     CHECK_MAP,
@@ -58,6 +64,15 @@ from localcluster.demo_dra import (
     real_node_view,
     say,
     verify_dra_release,
+)
+from localcluster.demo_task import (
+    KWOK_GPU_NODES,
+    REAL_GPU_NODE,
+    all_pods,
+    demo_example,
+    logged_enough,
+    prepare_gpu_node,
+    replica_logs,
 )
 from localcluster.image import build as build_image
 from localcluster.node import NODE_NAME
@@ -82,7 +97,19 @@ def chart_lease_name(cluster: Cluster) -> str:
     raise RuntimeError(f"the chart created no Role naming a Lease in {SYSTEM_NS}")
 
 
+def shares_with(meta: dict[str, Any], ordinal: int | None) -> str:
+    """The ordinals that share a GPU with ``ordinal`` by its map (``-`` when none)."""
+    smap = pod_map(meta)
+    if smap is None or ordinal is None:
+        return "-"
+    mates = sorted({o for ords in smap.mates(ordinal).values() for o in ords})
+    return ",".join(map(str, mates)) or "-"
+
+
 def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per replica; on the real node (where a container runs) also Ready, which the
+    check program in it gives only while it sees its mapped node and variables."""
+    real = cluster.node.name if cluster.node is not None else None
     selector = ",".join(f"{k}={v}" for k, v in sts["spec"]["selector"]["matchLabels"].items())
     pods = yaml.safe_load(cluster.kubectl("get", "pods", "-n", DEMO_NS, "-l", selector, "-o", "yaml").stdout)
     rows = []
@@ -93,12 +120,17 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
         node = pod["spec"].get("nodeName") or "-"
         cuda = env.get("CUDA_VISIBLE_DEVICES") or "-"
         phase = pod["status"].get("phase", "?")
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in pod["status"].get("conditions") or []
+        )
         ok = (
             entry is not None
             and node == entry.node
             and cuda == entry.devices
             and env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
             and phase == "Running"
+            and (ready or node != real)
         )
         rows.append(
             {
@@ -109,7 +141,17 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
                 "gpus": format_devices(held_devices(pod.get("spec"))) if node else "-",
                 "cuda": cuda,
                 "phase": phase,
+                "container": "-"
+                if node == "-"
+                else "runs, Ready"
+                if ready and node == real
+                else "runs, not Ready"
+                if node == real
+                else "none (kwok node)",
+                "shares": shares_with(meta, ordinal),
                 "expected": str(entry) if entry else "(no entry)",
+                "expected_node": entry.node if entry else None,
+                "expected_cuda": entry.devices if entry else None,
                 "ok": ok,
             }
         )
@@ -117,7 +159,10 @@ def pod_rows(cluster: Cluster, sts: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("ORDINAL", "POD", "NODE", "GPUS", "CUDA_VISIBLE_DEVICES", "PHASE", "MAP SAYS", "MATCH")
+    head = (
+        "ORDINAL", "POD", "NODE", "GPUS", "CUDA_VISIBLE_DEVICES", "PHASE", "CONTAINER", "SHARES WITH", "MAP SAYS",
+        "MATCH",
+    )  # fmt: skip
     return columns(
         [head]
         + [
@@ -128,6 +173,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 r["gpus"],
                 r["cuda"],
                 r["phase"],
+                r["container"],
+                r["shares"],
                 r["expected"],
                 "yes" if r["ok"] else "NO",
             )
@@ -202,7 +249,8 @@ def run(
     image = build_image()
     say(
         "starting the local control plane (etcd, kube-apiserver, controller-manager, kube-scheduler, "
-        "kwok GPU nodes) and a real kubelet node (containerd, runc, CNI bridge, kube-proxy)"
+        f"kwok GPU nodes node1..node{KWOK_GPU_NODES}) and a real kubelet node (containerd, runc, CNI bridge, "
+        f"kube-proxy){'' if dra_mode else ' named ' + REAL_GPU_NODE}"
     )
     if dra_mode:
         say(
@@ -211,15 +259,19 @@ def run(
         )
     cluster = Cluster.start(
         workdir,
-        gpu_nodes=3,
+        gpu_nodes=KWOK_GPU_NODES,
         gpus_per_node=4,
         detach=keep,
         real_node=True,
         images=[image.archive],
         nvidia_gpus=REAL_NODE_GPUS if dra_mode else 0,
+        # DRA mode: NVIDIA's driver on the control-plane node, the map cut before its sharers.
+        real_node_name=NODE_NAME if dra_mode else REAL_GPU_NODE,
     )
     logs = workdir / "logs"
     try:
+        if not dra_mode:
+            prepare_gpu_node(cluster)
         certs = None
         if webhook:
             say("webhook mode: generating webhook certificates with generate-webhook-certs.py")
@@ -246,21 +298,49 @@ def run(
         print(product_pods(cluster, SYSTEM_NS, RELEASE))
         print(injection_objects(cluster))
 
-        sts = yaml.safe_load(EXAMPLE.read_text())
-        say(f"applying {EXAMPLE.relative_to(REPO)} into namespace {DEMO_NS}")
+        sts, applied = demo_example(EXAMPLE, image.ref, workdir, shared=not dra_mode)
+        say(
+            f"applying {EXAMPLE.relative_to(REPO)} into namespace {DEMO_NS}, with the image built here "
+            "(pullPolicy Never) and CHECK_EXPECT_NO_GPU=true (no GPU hardware here)"
+            + (
+                f"; DRA mode does not place shared GPUs yet: replicas 0-{sts['spec']['replicas'] - 1} only, "
+                "the map cut before its first sharer"
+                if dra_mode
+                else ""
+            )
+        )
         cluster.kubectl("create", "namespace", DEMO_NS)
-        cluster.kubectl("apply", "-n", DEMO_NS, "-f", str(EXAMPLE))
+        cluster.kubectl("apply", "-n", DEMO_NS, "-f", str(applied))
         replicas = int(sts["spec"]["replicas"])
         deadline = time.monotonic() + timeout
         rows: list[dict[str, Any]] = []
         read_rows = dra_rows if dra_mode else pod_rows
         while time.monotonic() < deadline:
             rows = read_rows(cluster, sts)
-            if len(rows) == replicas and all(r["ok"] for r in rows):
+            if (
+                len(rows) == replicas
+                and all(r["ok"] for r in rows)
+                and (dra_mode or logged_enough(cluster, rows))
+            ):
                 break
             time.sleep(0.5)
         print(dra_table(rows) if dra_mode else table(rows))
         good = len(rows) == replicas and all(r["ok"] for r in rows)
+        if not dra_mode:
+            print()
+            say("kubectl get pod -o wide -A")
+            print(all_pods(cluster))
+            print()
+            say(
+                f"the logs of the replicas on node3 and {REAL_GPU_NODE}: the check program in each container "
+                "logs its node and CUDA_VISIBLE_DEVICES every 5 s"
+            )
+            text, logged = replica_logs(cluster, rows)
+            print(text)
+            print()
+            if good and not logged:
+                say(f"a replica on {REAL_GPU_NODE} did not log its mapped node and CUDA_VISIBLE_DEVICES")
+            good = good and logged
         if good and dra_mode:
             say(
                 f"every replica is Running on its mapped node and its claim is allocated exactly its "
