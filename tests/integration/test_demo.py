@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -57,6 +58,48 @@ def run_demo(args: list[str], timeout: float) -> subprocess.CompletedProcess[str
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def assert_real_replicas(stdout: str) -> None:
+    """`kubectl get pod -o wide -A` and the logs: replicas 3 and 4 on node4, the real node, each
+    logging node4 and CUDA_VISIBLE_DEVICES=3 run after run; node3's replica (kwok) has no logs."""
+    lines = stdout.splitlines()
+    head = next(
+        i for i, line in enumerate(lines) if line.startswith("NAMESPACE ") and " NOMINATED NODE " in line
+    )
+    at = lines[head].index(" NODE ") + 1  # kubectl aligns its columns: the node's starts here
+    listed: dict[tuple[str, str], str] = {}
+    for line in lines[head + 1 :]:
+        if not line.strip():
+            break
+        namespace, name = line.split()[:2]
+        listed[(namespace, name)] = line[at:].split()[0]
+    assert {name: node for (ns, name), node in listed.items() if ns == "gpu-demo"} == {
+        f"gpu-workload-{i}": f"node{min(i + 1, 4)}" for i in range(5)
+    }, stdout
+    # The product's pods run on the real node too (node4 is also the control-plane node).
+    assert {node for (ns, _), node in listed.items() if ns == "gpu-scheduler-system"} == {"node4"}, stdout
+    logs: dict[str, list[dict[str, object]]] = {}
+    current = ""
+    for line in stdout.splitlines():
+        m = re.match(r"^\$ kubectl logs -n gpu-demo (gpu-workload-\d) ", line)
+        if m:
+            current = m.group(1)
+            logs[current] = []
+        elif current and line.startswith("{"):
+            logs[current].append(json.loads(line))
+        elif current and line.startswith("(none: node3 is a kwok node"):
+            logs[current] = []
+            current = ""
+        elif not line.strip():
+            current = ""
+    assert set(logs) == {"gpu-workload-2", "gpu-workload-3", "gpu-workload-4"}, stdout
+    assert logs["gpu-workload-2"] == []
+    for pod in ("gpu-workload-3", "gpu-workload-4"):
+        assert len(logs[pod]) >= 3, stdout
+        assert {(d["msg"], d["pod"], d["node"], d["CUDA_VISIBLE_DEVICES"], d["ok"]) for d in logs[pod]} == {
+            ("visible devices", f"gpu-demo/{pod}", "node4", "3", True)
+        }, stdout
+
+
 @pytest.mark.slow(
     reason="the whole make demo on the real node; DRA mode installs NVIDIA's driver chart too", budget=300
 )
@@ -69,22 +112,25 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
         timeout=420 if mode == "dra" else 300,  # dra: also the check chart and its helm test
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    # gpu-scheduler-map status: every replica's GPUs, and the free ones, as the scheduler trusts them.
-    held = {
-        (cols[0], cols[1]): cols[2:]
-        for cols in (line.split() for line in res.stdout.splitlines())
-        if len(cols) >= 3 and cols[0] in ("node1", "node2", "node3") and cols[1].isdigit()
-    }
+    # gpu-scheduler-map status: every replica's GPUs, and the free ones, as the scheduler trusts them
+    # (a row per holder: node4's GPU 3 has two).
+    held: dict[tuple[str, str], list[list[str]]] = {}
+    for cols in (line.split() for line in res.stdout.splitlines()):
+        if len(cols) >= 3 and cols[0] in ("node1", "node2", "node3", "node4") and cols[1].isdigit():
+            held.setdefault((cols[0], cols[1]), []).append(cols[2:])
     mode_word = "dra" if mode == "dra" else "env"
-    for ordinal, node, gpus in (("0", "node1", "01"), ("1", "node2", "2"), ("2", "node3", "012")):
+    placed = [("0", "node1", "01"), ("1", "node2", "2"), ("2", "node3", "012")]
+    if mode != "dra":  # DRA mode does not place shared GPUs yet: the demo cuts the map before them
+        placed += [("3", "node4", "3"), ("4", "node4", "3")]
+    for ordinal, node, gpus in placed:
         for gpu in gpus:
-            assert held[(node, gpu)] == [
-                f"gpu-demo/gpu-workload-{ordinal}",
-                "gpu-workload",
-                ordinal,
-                mode_word,
+            assert [f"gpu-demo/gpu-workload-{ordinal}", "gpu-workload", ordinal, mode_word] in held[
+                (node, gpu)
             ], held
-    assert held[("node1", "3")] == held[("node2", "0")] == ["free"], held
+    assert held[("node1", "3")] == held[("node2", "0")] == [["free"]], held
+    if mode != "dra":
+        # Replicas 3 and 4 share node4's GPU 3, and no one else holds it.
+        assert len(held[("node4", "3")]) == 2 and held[("node4", "0")] == [["free"]], held
     rows = [line.split() for line in res.stdout.splitlines() if re.match(r"^\d+\s+gpu-workload-", line)]
     if mode == "dra":
         assert [tuple(r) for r in rows] == dra_expected_rows(), res.stdout
@@ -119,11 +165,15 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
         assert sees.group(2).lower() == "0000" + real.pci_bus_id, res.stdout
         assert "it sees exactly the GPUs its claim was allocated, and no others" in res.stderr
     else:
-        assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[-1]) for r in rows] == [
-            ("0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", "yes"),
-            ("1", "gpu-workload-1", "node2", "2", "2", "Running", "yes"),
-            ("2", "gpu-workload-2", "node3", "0,1,2", "0,1,2", "Running", "yes"),
-        ]
+        kwok, runs = ["none", "(kwok", "node)"], ["runs,", "Ready"]
+        assert rows == [
+            ["0", "gpu-workload-0", "node1", "0,1", "0,1", "Running", *kwok, "-", "0=node1:0,1", "yes"],
+            ["1", "gpu-workload-1", "node2", "2", "2", "Running", *kwok, "-", "1=node2:2", "yes"],
+            ["2", "gpu-workload-2", "node3", "0,1,2", "0,1,2", "Running", *kwok, "-", "2=node3:0,1,2", "yes"],
+            ["3", "gpu-workload-3", "node4", "3", "3", "Running", *runs, "4", "3=node4:3", "yes"],
+            ["4", "gpu-workload-4", "node4", "3", "3", "Running", *runs, "3", "4=node4:3", "yes"],
+        ], res.stdout
+        assert_real_replicas(res.stdout)
     assert "every replica is Running on its mapped node" in res.stderr
     policies = re.search(r"^admission policies: (.*)$", res.stdout, re.M)
     webhooks = re.search(r"^webhook configurations: (.*)$", res.stdout, re.M)
