@@ -97,6 +97,12 @@ def chart_lease_name(cluster: Cluster) -> str:
     raise RuntimeError(f"the chart created no Role naming a Lease in {SYSTEM_NS}")
 
 
+def sharing_lines(sts: dict[str, Any]) -> list[str]:
+    """The shared GPUs of the StatefulSet's map, a line each (``node4:3 by ordinals 3, 4 (lines 4, 5)``)."""
+    smap = pod_map(sts["spec"]["template"]["metadata"])
+    return smap.sharing_lines() if smap is not None else []
+
+
 def shares_with(meta: dict[str, Any], ordinal: int | None) -> str:
     """The ordinals that share a GPU with ``ordinal`` by its map (``-`` when none)."""
     smap = pod_map(meta)
@@ -310,7 +316,10 @@ def run(
             )
         )
         cluster.kubectl("create", "namespace", DEMO_NS)
-        cluster.kubectl("apply", "-n", DEMO_NS, "-f", str(applied))
+        applied_res = cluster.kubectl("apply", "-n", DEMO_NS, "-f", str(applied))
+        for line in applied_res.stderr.splitlines():
+            if line.startswith("Warning:"):
+                say(f"kubectl apply: {line}")  # the admission's warnings (a shared GPU is named)
         replicas = int(sts["spec"]["replicas"])
         deadline = time.monotonic() + timeout
         rows: list[dict[str, Any]] = []
@@ -350,6 +359,8 @@ def run(
             good = verify_dra_release(cluster, timeout)
         elif good:
             say(f"every replica is Running on its mapped node with its mapped GPUs ({replicas}/{replicas})")
+            for line in sharing_lines(sts):
+                say(f"shared, as the map says: {line}")
         if good:
             say("gpu-scheduler-map status: who holds which GPU, and which are free")
             print(map_status(cluster))

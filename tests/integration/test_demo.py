@@ -174,6 +174,7 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
             ["4", "gpu-workload-4", "node4", "3", "3", "Running", *runs, "3", "4=node4:3", "yes"],
         ], res.stdout
         assert_real_replicas(res.stdout)
+        assert "shared, as the map says: node4:3 by ordinals 3, 4 (lines 4, 5)" in res.stderr
     assert "every replica is Running on its mapped node" in res.stderr
     policies = re.search(r"^admission policies: (.*)$", res.stdout, re.M)
     webhooks = re.search(r"^webhook configurations: (.*)$", res.stdout, re.M)

@@ -12,7 +12,7 @@ import yaml
 from kube_gpu_scheduler.check.settings import TABLE
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, parse
 from localcluster.cluster import REPO
-from localcluster.demo import EXAMPLE, shares_with, table
+from localcluster.demo import EXAMPLE, shares_with, sharing_lines, table
 from localcluster.demo_task import RUNS_SHOWN, demo_example, visible_lines
 from tests.support.mapcorpus import TASK_MAP
 
@@ -84,6 +84,11 @@ def test_visible_lines_are_the_checks_json_lines_of_each_run() -> None:
     )
     assert visible_lines(logs) == [line, dict(line, ok=False)]
     assert RUNS_SHOWN >= 2  # "in a loop": more than one run shown
+
+
+def test_the_demo_names_the_shared_gpu(tmp_path: Path) -> None:
+    assert sharing_lines(example()) == ["node4:3 by ordinals 3, 4 (lines 4, 5)"]
+    assert sharing_lines(demo_example(EXAMPLE, "img:1", tmp_path, shared=False)[0]) == []
 
 
 def test_the_table_names_each_replicas_sharers_and_its_container() -> None:
