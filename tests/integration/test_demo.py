@@ -115,9 +115,12 @@ def test_demo_places_every_replica_and_cleans_up(tmp_path, mode: str) -> None:
     # gpu-scheduler-map status: every replica's GPUs, and the free ones, as the scheduler trusts them
     # (a row per holder: node4's GPU 3 has two).
     held: dict[tuple[str, str], list[list[str]]] = {}
-    for cols in (line.split() for line in res.stdout.splitlines()):
-        if len(cols) >= 3 and cols[0] in ("node1", "node2", "node3", "node4") and cols[1].isdigit():
-            held.setdefault((cols[0], cols[1]), []).append(cols[2:])
+    out = [line.split() for line in res.stdout.splitlines()]
+    start = next(i for i, cols in enumerate(out) if cols[:3] == ["NODE", "GPU", "HOLDER"])
+    for cols in out[start + 1 :]:
+        if len(cols) < 3 or not cols[1].isdigit():
+            break
+        held.setdefault((cols[0], cols[1]), []).append(cols[2:])
     mode_word = "dra" if mode == "dra" else "env"
     placed = [("0", "node1", "01"), ("1", "node2", "2"), ("2", "node3", "012")]
     if mode != "dra":  # DRA mode does not place shared GPUs yet: the demo cuts the map before them

@@ -10,7 +10,7 @@ then the wheel). Every test runs on both, as a user would run the programs:
   patch and its ``uid`` back;
 * ``gpu-scheduler`` with the chart's ServiceAccount token against the local control plane:
   ``/health`` answers and it binds a mapped StatefulSet replica;
-* ``gpu-scheduler-map validate`` on examples/gpu-workload.yaml;
+* ``gpu-scheduler-map validate`` on examples/gpu-workload.yaml (the task's map: a shared GPU, a warning);
 * ``gpu-scheduler-check serve``: ready when the placement matches; with the image's nvml extra
   it reads the fake NVML (tests/support/fakenvml), without it it says pynvml is missing.
 
@@ -227,11 +227,13 @@ def test_map_validates_the_example(installed: WheelVenv, tmp_path: Path) -> None
         check=False,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    for placed in ("node1", "node2", "node3"):
+    for placed in ("node1", "node2", "node3", "node4"):
         assert placed in res.stdout
+    # The task's map shares node4's GPU 3: accepted, with a warning that names it.
+    assert "shares GPUs between replicas: node4:3 by ordinals 3, 4" in res.stderr, res.stderr
     bad = subprocess.run(
         [str(installed.bin / "gpu-scheduler-map"), "validate", "-"],
-        input=example.read_text().replace("1=node2:2", "1=node1:0"),
+        input=example.read_text().replace("2=node3:0,1,2", "2=node3:0,1,1"),
         env=installed.env(home=tmp_path),
         capture_output=True,
         text=True,
@@ -239,7 +241,7 @@ def test_map_validates_the_example(installed: WheelVenv, tmp_path: Path) -> None
         check=False,
     )
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "node1:0 is already given to ordinal 0" in bad.stdout + bad.stderr
+    assert "line 3: GPU 1 is listed twice in this entry" in bad.stdout + bad.stderr
 
 
 CHECK_ENV = {
