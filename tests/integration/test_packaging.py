@@ -233,7 +233,7 @@ def test_map_validates_the_example(installed: WheelVenv, tmp_path: Path) -> None
     assert "shares GPUs between replicas: node4:3 by ordinals 3, 4" in res.stderr, res.stderr
     bad = subprocess.run(
         [str(installed.bin / "gpu-scheduler-map"), "validate", "-"],
-        input=example.read_text().replace("2=node3:0,1,2", "2=node3:0,1,1"),
+        input=example.read_text().replace("1=node2:2", "1=node2:2,02"),
         env=installed.env(home=tmp_path),
         capture_output=True,
         text=True,
@@ -241,7 +241,7 @@ def test_map_validates_the_example(installed: WheelVenv, tmp_path: Path) -> None
         check=False,
     )
     assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "line 3: GPU 1 is listed twice in this entry" in bad.stdout + bad.stderr
+    assert "GPU 2 is listed twice in this entry" in bad.stdout + bad.stderr
 
 
 CHECK_ENV = {
