@@ -57,7 +57,7 @@ lint: venv ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-demo: venv tools image ## Local control plane + real node: helm install the image, place the example StatefulSet, print the table
+demo: venv tools image ## Local control plane + real node (node4): helm install the image, place the task's map, print the table, pods and node3/node4 logs
 	$(PY) -m localcluster demo $(DEMO_ARGS)
 
 cluster-up: venv tools ## Start the local control plane in the background; prints the KUBECONFIG line
