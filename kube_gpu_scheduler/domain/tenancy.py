@@ -10,11 +10,16 @@ only where some policy grants it that node; a GPU a namespace holds on a node co
 ledger alone: nothing to remember across restarts), and a replica binds only within every
 such policy's limits.
 
+A policy may also forbid shared GPUs (``spec.allowSharedGPUs: false``; default true): then a
+map that gives one GPU to several of its replicas is refused in every namespace it selects
+(:mod:`kube_gpu_scheduler.domain.sharing`).
+
 This module is the policy's model (:class:`Policy`), the counts of one policy
 (:class:`Held`), its ``status`` (:func:`status_of`) and the resolved grants the scheduler
-publishes for admission (:class:`Grants`: policy -> nodes, namespace -> policies, as a
-ConfigMap's ``data`` that the ValidatingAdmissionPolicy and the webhook read). The rules and
-their messages are :mod:`kube_gpu_scheduler.domain.rules.tenancy`.
+publishes for admission (:class:`Grants`: policy -> nodes, namespace -> policies, the
+policies that forbid sharing, as a ConfigMap's ``data`` that the ValidatingAdmissionPolicy and
+the webhook read). The rules and their messages are
+:mod:`kube_gpu_scheduler.domain.rules.tenancy` and :mod:`kube_gpu_scheduler.domain.rules.sharing`.
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ PLURAL = "gpupinningpolicies"
 # The GPU type of a node's GPUs (GPU feature discovery's label); DRA's device attribute productName.
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 # The grants ConfigMap's keys: ``policy.<name>`` -> the node names it selects, comma-separated;
-# ``ns.<namespace>`` -> the policies whose namespaceSelector selects it.
+# ``ns.<namespace>`` -> the policies whose namespaceSelector selects it; ``unshared.<name>`` ->
+# "true" for each policy whose spec.allowSharedGPUs is false.
 POLICY_KEY = "policy."
 NAMESPACE_KEY = "ns."
+UNSHARED_KEY = "unshared."
 # How many holders a message names before it says "and N more".
 NAMED_HOLDERS = 5
 # Status conditions (types): the scheduler enforces the policy; it is at (or over) a limit.
@@ -72,6 +79,8 @@ class Policy:
     max_gpus: int | None = None
     types: tuple[tuple[str, int], ...] = ()  # (product, maxGPUs), sorted
     problem: str = ""
+    # spec.allowSharedGPUs: false forbids maps that give one GPU to several replicas.
+    allow_sharing: bool = True
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Policy:
@@ -92,9 +101,12 @@ class Policy:
                 if not isinstance(product, str) or not product or product in types:
                     raise SelectorError(f"spec.gpuTypes[{i}].product must be a product named once")
                 types[product] = _count(item.get("maxGPUs"), f"spec.gpuTypes[{i}].maxGPUs")
+            sharing = spec.get("allowSharedGPUs", True)
+            if not isinstance(sharing, bool):
+                raise SelectorError(f"spec.allowSharedGPUs must be true or false, got {sharing!r}")
         except SelectorError as err:
             return cls(name, generation, problem=str(err))
-        return cls(name, generation, namespaces, nodes, max_gpus, tuple(sorted(types.items())))
+        return cls(name, generation, namespaces, nodes, max_gpus, tuple(sorted(types.items())), "", sharing)
 
     def selects_namespace(self, labels: Mapping[str, str]) -> bool:
         return not self.problem and self.namespaces.matches(labels)
@@ -215,10 +227,12 @@ def same_status(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Grants:
-    """The resolved grants: which nodes each policy selects, which policies select each namespace."""
+    """The resolved grants: which nodes each policy selects, which policies select each namespace,
+    which policies forbid shared GPUs."""
 
     nodes_of: Mapping[str, frozenset[str]] = field(default_factory=dict)
     policies_of: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    unshared: frozenset[str] = frozenset()
 
     @classmethod
     def resolve(
@@ -237,7 +251,7 @@ class Grants:
             granting = tuple(p.name for p in valid if p.selects_namespace(labels))
             if granting:
                 policies_of[ns] = granting
-        return cls(nodes_of, policies_of)
+        return cls(nodes_of, policies_of, frozenset(p.name for p in valid if not p.allow_sharing))
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any] | None) -> Grants:
@@ -246,17 +260,20 @@ class Grants:
         def split(value: Any) -> list[str]:
             return [v for v in str(value or "").split(",") if v]
 
-        nodes_of, policies_of = {}, {}
+        nodes_of, policies_of, unshared = {}, {}, set()
         for key, value in (data or {}).items():
             if key.startswith(POLICY_KEY):
                 nodes_of[key[len(POLICY_KEY) :]] = frozenset(split(value))
             elif key.startswith(NAMESPACE_KEY):
                 policies_of[key[len(NAMESPACE_KEY) :]] = tuple(split(value))
-        return cls(nodes_of, policies_of)
+            elif key.startswith(UNSHARED_KEY) and str(value) == "true":
+                unshared.add(key[len(UNSHARED_KEY) :])
+        return cls(nodes_of, policies_of, frozenset(unshared))
 
     def to_data(self) -> dict[str, str]:
         data = {f"{POLICY_KEY}{p}": ",".join(sorted(nodes)) for p, nodes in self.nodes_of.items()}
         data.update({f"{NAMESPACE_KEY}{ns}": ",".join(ps) for ns, ps in self.policies_of.items()})
+        data.update({f"{UNSHARED_KEY}{p}": "true" for p in self.unshared})
         return dict(sorted(data.items()))
 
     def considered(self, namespace: str) -> tuple[str, ...]:
@@ -265,6 +282,10 @@ class Grants:
 
     def granted(self, namespace: str, node: str) -> bool:
         return any(node in self.nodes_of.get(p, ()) for p in self.considered(namespace))
+
+    def forbids_sharing(self, namespace: str) -> str | None:
+        """The first policy (by name) that selects ``namespace`` and forbids shared GPUs, or None."""
+        return next((p for p in self.considered(namespace) if p in self.unshared), None)
 
 
 def holders_text(holders: Sequence[str]) -> str:

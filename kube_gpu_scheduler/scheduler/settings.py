@@ -18,6 +18,7 @@ from typing import Any
 
 from kube_gpu_scheduler.base import config
 from kube_gpu_scheduler.base.config import Setting, SettingsError
+from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.selectors import Selector, SelectorError, parse_selector
 
 __all__ = [
@@ -96,6 +97,9 @@ class Settings:
     # The namespaces injection serves, a LabelSelector as JSON ("": every namespace). A replica
     # admitted without its variables elsewhere waits (NamespaceNotOptedIn) instead of being recreated.
     injection_namespaces: str = ""
+    # A map may give one GPU to several replicas, who then share it (chart value sharing.allowed).
+    # Off: a replica that shares a GPU is not bound (GPUSharingForbidden).
+    allow_sharing: bool = True
 
     def injection_scope(self) -> Selector | None:
         """``injection_namespaces`` parsed (None: every namespace is served)."""
@@ -395,6 +399,14 @@ TABLE: tuple[Setting, ...] = (
         "variables elsewhere waits (`NamespaceNotOptedIn`) instead of being deleted and recreated",
         "--injection-namespaces",
         "every namespace",
+    ),
+    Setting(
+        "allow_sharing",
+        sharing.ENV,
+        config.boolean,
+        "a map may give one GPU to several replicas, who share it; `false`: a replica that shares a GPU "
+        f"is not bound (`GPUSharingForbidden`; chart value `{sharing.CHART_VALUE}`)",
+        "--allow-sharing",
     ),
 )
 

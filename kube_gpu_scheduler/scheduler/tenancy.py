@@ -8,8 +8,10 @@ immutable fields, its reservations included), told to :meth:`Tenancy.moved` unde
 ledger's lock on every change, so they survive nothing and need nothing remembered: a restart
 lists the pods and counts again.
 
-A replica binds only where some policy grants its namespace its node (``NotGranted``) and
-within every granting policy's limits (``GPULimitReached``). The limit is checked again under
+A replica binds only where some policy grants its namespace its node (``NotGranted``), where
+no policy that selects its namespace forbids shared GPUs if its map gives one of its GPUs to
+another replica too (``GPUSharingForbidden``: ``spec.allowSharedGPUs: false``), and within every
+granting policy's limits (``GPULimitReached``). The limit is checked again under
 the ledger's lock when its GPUs are reserved (:meth:`Tenancy.limit`, through
 ``Ledger.reserve_within``), so two workers never both take the last GPUs of a limit. A refused
 replica waits; it is tried again when GPUs are released, or a policy, a namespace's labels or
@@ -30,24 +32,29 @@ from typing import Any
 
 from kube_gpu_scheduler.domain.gang import PHANTOM, Blocked
 from kube_gpu_scheduler.domain.objects import Pod
+from kube_gpu_scheduler.domain.podinfo import pod_map
 from kube_gpu_scheduler.domain.rules import (
     GPU_LIMIT_REACHED,
     GPU_NAME_NEEDS_DRA,
+    GPU_SHARING_FORBIDDEN,
     NOT_GRANTED,
     NOT_INJECTED,
     Decision,
     Finding,
     limit_reached,
     not_granted,
+    replica_sharing_forbidden,
 )
-from kube_gpu_scheduler.domain.schedmap import GPU, Entry
+from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
+from kube_gpu_scheduler.domain.sharing import tenant_forbids
 from kube_gpu_scheduler.domain.tenancy import Held, Policy, labels_of, product_of
 from kube_gpu_scheduler.kube.informer import Obj
 from kube_gpu_scheduler.scheduler.ledger import Ledger
 
 log = logging.getLogger("gpu_scheduler.tenancy")
 
-TENANCY_REASONS = (NOT_GRANTED, GPU_LIMIT_REACHED)
+TENANCY_REASONS = (NOT_GRANTED, GPU_SHARING_FORBIDDEN, GPU_LIMIT_REACHED)
+FIRST = (NOT_GRANTED, GPU_SHARING_FORBIDDEN)  # before the placement rules' refusals
 ALONE = (NOT_INJECTED, GPU_NAME_NEEDS_DRA)  # refusals the tenancy checks do not join
 
 
@@ -189,8 +196,38 @@ class Tenancy:
                 added[(name, what)] = added.get((name, what), 0) + max(want, 0)
         return out
 
+    def _forbidder(self, namespace: str) -> str | None:
+        """The first policy (by name) that selects ``namespace`` and forbids shared GPUs (lock held)."""
+        self._ensure()
+        if all(p.allow_sharing for p in self._policies.values()):
+            return None
+        ns_labels = labels_of(self.lookup.namespace(namespace))
+        return next(
+            (
+                name
+                for name, p in sorted(self._policies.items())
+                if not p.allow_sharing and p.selects_namespace(ns_labels)
+            ),
+            None,
+        )
+
+    def _sharing(self, pod: Mapping[str, Any], namespace: str, entry: Entry) -> list[Finding]:
+        """GPUSharingForbidden when the replica shares a GPU and a policy of its namespace forbids it."""
+        try:
+            smap = pod_map(Pod(pod).meta)
+        except MapError:
+            return []
+        if smap is None or not smap.mates(entry.ordinal):
+            return []
+        policy = self.ledger.atomically(lambda _: self._forbidder(namespace))
+        if policy is None:
+            return []
+        found = replica_sharing_forbidden(smap, entry, tenant_forbids(policy, namespace))
+        return [found] if found is not None else []
+
     def decide(self, pod: Mapping[str, Any], decision: Decision) -> Decision:
-        """``decision`` with the tenancy refusals: NotGranted first, GPULimitReached last."""
+        """``decision`` with the tenancy refusals: NotGranted and GPUSharingForbidden first,
+        GPULimitReached last."""
         entry = decision.entry
         if entry is None or decision.reason in ALONE:
             return decision
@@ -200,11 +237,12 @@ class Tenancy:
         found = self.ledger.atomically(
             lambda _: self._refusals(namespace, entry, self.ledger.counted(namespace, entry.node, entry.gpus))
         )
+        found = self._sharing(pod, namespace, entry) + found
         if not found:
             return decision
         self._wait(view.key)
-        first = [f for f in found if f.reason == NOT_GRANTED]
-        last = [f for f in found if f.reason != NOT_GRANTED]
+        first = [f for f in found if f.reason in FIRST]
+        last = [f for f in found if f.reason not in FIRST]
         return Decision(decision.ordinal, entry, (*first, *decision.refusals, *last), decision.warnings)
 
     def limit(self, pod: Mapping[str, Any], entry: Entry) -> Callable[[int], list[Finding]]:

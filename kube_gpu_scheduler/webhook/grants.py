@@ -4,7 +4,10 @@ ConfigMap, and the check ``/mutate`` and ``/validate`` make with them.
 With ``WEBHOOK_TENANCY_GRANTS`` (``namespace/name``; the chart sets it with ``tenancy.enabled``)
 the webhook refuses a StatefulSet or a bare pod whose map names a node no GPUPinningPolicy grants
 its namespace (``NotGranted``, :func:`kube_gpu_scheduler.domain.rules.map_not_granted`: the words
-of the chart's ValidatingAdmissionPolicy in policy mode). Pods the StatefulSet controller creates
+of the chart's ValidatingAdmissionPolicy in policy mode), and one whose map shares a GPU where a
+policy that selects its namespace forbids it (``GPUSharingForbidden``, ``spec.allowSharedGPUs:
+false``: :func:`kube_gpu_scheduler.domain.rules.sharing_forbidden` with
+:func:`kube_gpu_scheduler.domain.sharing.tenant_forbids`). Pods the StatefulSet controller creates
 are not checked again (their StatefulSet was); the scheduler refuses to bind what no policy
 grants and counts the limits.
 
@@ -25,8 +28,9 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
-from kube_gpu_scheduler.domain.rules import NOT_GRANTED, Finding, map_not_granted
+from kube_gpu_scheduler.domain.rules import NOT_GRANTED, Finding, map_not_granted, sharing_forbidden
 from kube_gpu_scheduler.domain.schedmap import SchedulingMap
+from kube_gpu_scheduler.domain.sharing import tenant_forbids
 from kube_gpu_scheduler.domain.tenancy import Grants
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
@@ -134,7 +138,8 @@ def created_by_statefulset_controller(req: Request) -> bool:
 
 
 def grant_findings(smap: SchedulingMap, namespace: str, lookup: GrantsLookup | None) -> list[Finding]:
-    """NotGranted for ``smap`` in ``namespace`` (nothing when tenancy is off: ``lookup`` None)."""
+    """NotGranted, then GPUSharingForbidden, for ``smap`` in ``namespace`` (nothing when tenancy is
+    off: ``lookup`` None)."""
     if lookup is None:
         return []
     try:
@@ -142,7 +147,11 @@ def grant_findings(smap: SchedulingMap, namespace: str, lookup: GrantsLookup | N
     except GrantsUnavailable as exc:
         why = f"tenancy is on and the GPUPinningPolicy grants are not known ({exc}): no map is admitted"
         return [Finding(NOT_GRANTED, f"{why} until they are (the scheduler publishes them)")]
-    return map_not_granted(smap.entries.values(), namespace, grants)
+    found = map_not_granted(smap.entries.values(), namespace, grants)
+    policy = grants.forbids_sharing(namespace) if smap.shared() else None
+    if policy is not None:
+        found += sharing_forbidden(smap, tenant_forbids(policy, namespace))
+    return found
 
 
 def tenancy_lookup(kubeconfig: str | None, grants: str) -> Any:

@@ -18,13 +18,16 @@ from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     INVALID_MAP,
     Finding,
+    gpus_shared,
     node_name_on_pod,
     other_scheduler,
     pci_needs_dra,
     resolve,
     runtime_class_conflict,
+    sharing_forbidden,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt
+from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS
 from kube_gpu_scheduler.webhook.grants import GrantsLookup, created_by_statefulset_controller, grant_findings
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
@@ -136,8 +139,16 @@ def admit_pod(req: Request, settings: Settings, grants: GrantsLookup | None = No
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
-    # Tenancy: a bare pod naming an ungranted node is refused (a StatefulSet's, checked with it, is not).
-    if grants is not None and not created_by_statefulset_controller(req):
+    # A bare pod's map is checked as a StatefulSet's is (the StatefulSet controller's pods carry a
+    # template /validate checked): shared GPUs where sharing is forbidden are refused, else said;
+    # with tenancy, a node no policy grants the namespace is refused.
+    bare = not created_by_statefulset_controller(req)
+    if bare and not settings.allow_sharing:
+        forbidden = sharing_forbidden(parse_cached(text), RELEASE_FORBIDS)
+        if forbidden:
+            log.info("denied: %s", forbidden[0].reason, extra={**ctx, "reasons": [forbidden[0].reason]})
+            return Verdict.deny(403, forbidden[0].message)
+    if grants is not None and bare:
         ungranted = grant_findings(parse_cached(text), namespace, grants)
         if ungranted:
             log.info("denied: %s", ungranted[0].reason, extra={**ctx, "reasons": [ungranted[0].reason]})
@@ -148,6 +159,8 @@ def admit_pod(req: Request, settings: Settings, grants: GrantsLookup | None = No
     )
     if denial:
         return denial
+    if bare:
+        findings += gpus_shared(parse_cached(text))
     entry = decision.entry
     if entry is None:
         # NoOrdinal, OrdinalNotInMap: the pod is let in, the scheduler will say the same.

@@ -15,6 +15,7 @@ from typing import Literal
 
 from kube_gpu_scheduler.base import config
 from kube_gpu_scheduler.base.config import Setting, SettingsError
+from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.injection import DEFAULT_RUNTIME_CLASS, INJECTION_MODES, InjectionMode
 
 __all__ = ["GPU_RESOURCE_POLICIES", "LOG_LEVELS", "TABLE", "Settings", "SettingsError"]
@@ -55,10 +56,13 @@ class Settings:
     runtime_class_name: str = DEFAULT_RUNTIME_CLASS
     # Tenancy: "namespace/name" of the grants ConfigMap the scheduler publishes ("": off).
     tenancy_grants: str = ""
+    # A map may give one GPU to several replicas (chart value sharing.allowed); off: refused.
+    allow_sharing: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read every ``WEBHOOK_*`` variable (and ``KUBECONFIG``); raise SettingsError on a bad value."""
+        """Read every ``WEBHOOK_*`` variable (and ``KUBECONFIG``, ``GPU_SCHEDULER_ALLOW_SHARING``);
+        raise SettingsError on a bad value."""
         return cls(**config.read_env(TABLE, os.environ if env is None else env))
 
 
@@ -133,6 +137,13 @@ TABLE: tuple[Setting, ...] = (
         "a map naming a node no policy grants the namespace is refused (RBAC: that ConfigMap `get`, "
         "`list`, `watch`)",
         doc_default="empty (off)",
+    ),
+    Setting(
+        "allow_sharing",
+        sharing.ENV,
+        config.boolean,
+        "a map may give one GPU to several replicas (they share it; admitted with a warning); `false`: "
+        f"such a map is refused (`GPUSharingForbidden`; chart value `{sharing.CHART_VALUE}`)",
     ),
     Setting(
         "kubeconfig",

@@ -1,7 +1,10 @@
 """``POST /validate``: check a StatefulSet's map when it is created or updated.
 
 A map that does not parse is refused (the message names the lines), so the
-mistake shows at ``kubectl apply`` instead of as FailedCreate events later.
+mistake shows at ``kubectl apply`` instead of as FailedCreate events later. A map that
+shares GPUs (several entries name one) is admitted with a warning naming each shared GPU, or
+refused where sharing is forbidden (``GPU_SCHEDULER_ALLOW_SHARING=false``, or a
+GPUPinningPolicy's ``spec.allowSharedGPUs: false``).
 Everything else that looks wrong but might be intended (a replica without an
 entry, a node that does not exist yet, a GPU index beyond what the node
 advertises) is an admission warning: ``kubectl`` prints it as ``Warning: ...``.
@@ -21,6 +24,7 @@ from kube_gpu_scheduler.domain.podinfo import map_text
 from kube_gpu_scheduler.domain.rules import (
     Finding,
     entries_by_node,
+    gpus_shared,
     invalid_map,
     map_node_findings,
     map_not_on_template,
@@ -28,8 +32,10 @@ from kube_gpu_scheduler.domain.rules import (
     pod_template_findings,
     replica_findings,
     runtime_class_conflict,
+    sharing_forbidden,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap
+from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS
 from kube_gpu_scheduler.webhook.grants import GrantsLookup, grant_findings
 from kube_gpu_scheduler.webhook.nodes import NodeLookup, NodeLookupUnavailable
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, gpu_resource_policy
@@ -122,6 +128,10 @@ def admit_statefulset(
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
+    forbidden = [] if settings.allow_sharing else sharing_forbidden(smap, RELEASE_FORBIDS)
+    if forbidden:
+        log.info("denied: %s", forbidden[0].reason, extra={**ctx, "reasons": [forbidden[0].reason]})
+        return Verdict.deny(403, forbidden[0].message)
     ungranted = grant_findings(smap, namespace, grants)
     if ungranted:
         log.info("denied: %s", ungranted[0].reason, extra={**ctx, "reasons": [ungranted[0].reason]})
@@ -141,6 +151,7 @@ def admit_statefulset(
     replicas = _int_at(spec, "replicas", 1, "spec.replicas", req.uid)
     ordinals = dict_at(spec, "ordinals", "spec.ordinals", req.uid)
     start = _int_at(ordinals, "start", 0, "spec.ordinals.start", req.uid)
+    findings += gpus_shared(smap)
     findings += replica_findings(smap, start, replicas)
     findings += pod_template_findings(pod_spec, settings.scheduler_name, "spec.template.spec")
     findings += node_findings(smap, nodes, ctx)

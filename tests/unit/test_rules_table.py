@@ -110,6 +110,8 @@ CASES = [
     Case("gpu-index-beyond-node", R.GPU_OUT_OF_RANGE, nodes={**NODES, "node1": node("node1", gpus="1")}),
     Case("gpu-held", R.GPU_IN_USE, holders=[("node1", 1)]),
     Case("gpus-by-uuid", OK, map_text=UUID_MAP),
+    # Replicas 0 and 1 share node1:1: admitted with a warning, bound as mapped.
+    Case("shared-gpu", R.GPUS_SHARED, map_text="0=node1:0,1\n1=node1:1\n"),
     Case(
         "more-uuids-than-the-node-has",
         R.GPU_OUT_OF_RANGE,
@@ -332,9 +334,10 @@ def test_the_table_covers_every_rule() -> None:
     covered = {c.reason for c in CASES} | {r for c in CASES for r in c.other.values()}
     # YAML-only lints, and the one rule that is the scheduler's memory of a pod that failed
     # (tests/integration/test_scheduler_fit.py). The tenancy rules need policies and namespaces,
-    # which no front end of this table reads: tests/unit/test_tenancy_*.py run them through each.
+    # which no front end of this table reads: tests/unit/test_tenancy_*.py run them through each;
+    # so do the sharing refusals (a release's setting or a policy: tests/unit/test_sharing_admission.py).
     left = set(R.RULES) - covered - {R.MISSPELT_ANNOTATION, R.FOLDED_MAP, R.NO_ORDINALS, R.KUBELET_REFUSED}
-    left -= {R.NOT_GRANTED, R.GPU_LIMIT_REACHED, R.NAMESPACE_NOT_OPTED_IN}
+    left -= {R.NOT_GRANTED, R.GPU_LIMIT_REACHED, R.NAMESPACE_NOT_OPTED_IN, R.GPU_SHARING_FORBIDDEN}
     assert not left, f"rules without a case in the table: {sorted(left)}"
     # Every front end evaluates at least one rule, and every rule says what unblocks it.
     for front_end in R.FRONT_ENDS:

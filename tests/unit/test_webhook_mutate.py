@@ -280,13 +280,13 @@ def test_nvidia_cdi_mode_refuses_a_pod_naming_another_runtime_class(caplog: pyte
 
 
 def test_malformed_map_is_denied_with_line_numbers() -> None:
-    response = admit(client(), pod("w-0", annotation="0=node1:0\n1=node1:0\nbad line\n"))
+    response = admit(client(), pod("w-0", annotation="0=node1:0\n0=node1:1\nbad line\n"))
     assert response["allowed"] is False
     assert response["uid"] == "uid-1"
     assert response["status"]["code"] == 400
     message = response["status"]["message"]
     assert message.startswith("invalid gpu-scheduling-map annotation: ")
-    assert "line 2:" in message and "node1:0 is already given to ordinal 0 on line 1" in message
+    assert "line 2: ordinal 0 is already mapped on line 1 (0=node1:0)" in message
     assert "line 3:" in message and "'bad line'" in message
     assert "patch" not in response
 

@@ -8,15 +8,16 @@ one place (tests/unit/test_rules_catalogue.py holds scheduler/ to that).
 rule beside its checks: :mod:`.pod` (the map, the ordinal, the injection),
 :mod:`.node` (the node's state), :mod:`.gpus` (the mapped GPUs), :mod:`.fit`
 (room on the node), :mod:`.tenancy` (GPUPinningPolicies, the namespaces injection serves),
-:mod:`.findings` (admission and lint only).
+:mod:`.sharing` (shared GPUs: forbidden, or warned about), :mod:`.findings` (admission and lint
+only).
 """
 
 from __future__ import annotations
 
-from kube_gpu_scheduler.domain.rules import findings, fit, gpus, node, pod, tenancy
+from kube_gpu_scheduler.domain.rules import findings, fit, gpus, node, pod, sharing, tenancy
 from kube_gpu_scheduler.domain.rules.framework import REFUSE, REGISTRY, SCHEDULER, Rule
 
-GROUPS = (pod, node, gpus, fit, tenancy, findings)
+GROUPS = (pod, node, gpus, fit, tenancy, sharing, findings)
 
 RULES: dict[str, Rule] = REGISTRY
 
