@@ -655,3 +655,104 @@ expressions: the entry as [line, entry] and the problem's text.
 {{- $h := index . 0 -}}
 'line ' + {{ $h }}[0] + ': ' + {{ index . 1 }} + " (in '" + (size({{ $h }}[1]) > 48 ? {{ $h }}[1].substring(0, 47) + '…' : {{ $h }}[1]).replace('\r', '\\r').replace('\n', '\\n') + "')"
 {{- end }}
+
+{{/*
+Shared GPUs, in CEL (kube_gpu_scheduler.domain.schedmap.SchedulingMap.shared, sharing_problems and
+kube_gpu_scheduler.domain.sharing.warning, word for word). Fragments of an entry `E` as written
+(comments cut): its node, its GPU tokens, a GPU token's normal form, its ordinal without leading
+zeros (a string), its "node:gpu" pairs, its canonical text (str(Entry)). None of them fails on a
+malformed entry (the map policy refuses that one with its own words).
+*/}}
+{{- define "gpu-scheduler.celNode" -}}
+{{ . }}.substring({{ . }}.indexOf('=') + 1).find('[a-z0-9.-]+')
+{{- end }}
+
+{{- define "gpu-scheduler.celGpus" -}}
+{{ . }}.substring({{ . }}.indexOf(':') + 1).findAll(r'[\w.:-]+')
+{{- end }}
+
+{{- define "gpu-scheduler.celNorm" -}}
+(size({{ . }}) == 40 && !{{ . }}.startsWith('0') ? 'GPU-' + {{ . }}.substring(4).lowerAscii() : {{ . }}.contains(':') ? (size({{ . }}) == 16 && {{ . }}.startsWith('0000') ? {{ . }}.substring(4) : {{ . }}).lowerAscii() : {{ . }}.find('[1-9][0-9]*') == '' ? '0' : {{ . }}.find('[1-9][0-9]*'))
+{{- end }}
+
+{{- define "gpu-scheduler.celOrdinal" -}}
+({{ . }}.find('[0-9]+').find('[1-9][0-9]*') == '' ? '0' : {{ . }}.find('[0-9]+').find('[1-9][0-9]*'))
+{{- end }}
+
+{{- define "gpu-scheduler.celPairs" -}}
+{{ include "gpu-scheduler.celGpus" . }}.map(gpu, {{ include "gpu-scheduler.celNode" . }} + ':' + {{ include "gpu-scheduler.celNorm" "gpu" }})
+{{- end }}
+
+{{- define "gpu-scheduler.celCanon" -}}
+({{ include "gpu-scheduler.celOrdinal" . }} + '=' + {{ include "gpu-scheduler.celNode" . }} + ':' + {{ include "gpu-scheduler.celGpus" . }}.map(gpu, {{ include "gpu-scheduler.celNorm" "gpu" }}).join(','))
+{{- end }}
+
+{{/* CEL: the string `.` left-padded with zeros to 7 characters (a line or an ordinal, to compare as text). */}}
+{{- define "gpu-scheduler.celPad7" -}}
+('000000' + {{ . }}).substring(size({{ . }}) - 1)
+{{- end }}
+
+{{/* CEL: schedmap.excerpt of the string `.` (48 characters at most). */}}
+{{- define "gpu-scheduler.celExcerpt" -}}
+(size({{ . }}) > 48 ? {{ . }}.substring(0, 47) + '…' : {{ . }})
+{{- end }}
+
+{{/*
+The variables (a YAML list, to indent) that name a map's first sharing problem as
+schedmap.sharing_problems(smap, WHY) says it (str of its first Problem): in entry order (line,
+then ordinal), the first entry naming a GPU that an earlier entry names, its first such GPU and
+the first entry naming that GPU. Argument: (list OWNED WHY): CEL of every "node:gpu" pair of the
+map (a list of at most 400: sort() costs n^2) and of the reason. Needs variables.lines (the
+lines without their comments). Each is computed only for a map that shares (named *Message*).
+*/}}
+{{- define "gpu-scheduler.sharingMessageVariables" -}}
+{{- $owned := index . 0 }}
+{{- $why := index . 1 }}
+- name: sharingMessageSorted
+  expression: "{{ $owned }}.sort()"
+# Each "node:gpu" that two entries or more name, once.
+- name: sharingMessageShared
+  expression: >-
+    variables.sharingMessageSorted.transformList(i, v, i > 0 && variables.sharingMessageSorted[i - 1] == v &&
+    (i == 1 || variables.sharingMessageSorted[i - 2] != v) ? [v] : []).flatten()
+# [line, entry] of each entry that names one, its pairs, and its (line, ordinal) as one string.
+- name: sharingMessageHits
+  expression: >-
+    {{ include "gpu-scheduler.mapHits" (printf "%s.exists(p, p in variables.sharingMessageShared)" (include "gpu-scheduler.celPairs" "c")) }}
+- name: sharingMessagePairs
+  expression: >-
+    variables.sharingMessageHits.map(h, {{ include "gpu-scheduler.celPairs" "h[1]" }})
+- name: sharingMessageKeys
+  expression: >-
+    variables.sharingMessageHits.map(h, {{ include "gpu-scheduler.celPad7" "h[0]" }} + {{ include "gpu-scheduler.celPad7" (include "gpu-scheduler.celOrdinal" "h[1]") }})
+# For each shared pair, the first entry (line, ordinal) that names it.
+- name: sharingMessageFirst
+  expression: >-
+    variables.sharingMessageShared.transformMapEntry(i, p, {p: variables.sharingMessageHits.transformList(j, h,
+    p in variables.sharingMessagePairs[j] ? [variables.sharingMessageKeys[j]] : []).flatten().min()})
+# The entries that name a pair an earlier entry names, and the first of them.
+- name: sharingMessageLaters
+  expression: >-
+    variables.sharingMessageHits.transformList(j, h, variables.sharingMessagePairs[j].exists(p,
+    p in variables.sharingMessageFirst && variables.sharingMessageFirst[p] < variables.sharingMessageKeys[j]) ? [j] : []).flatten()
+- name: sharingMessageAt
+  expression: >-
+    variables.sharingMessageLaters.filter(j, variables.sharingMessageKeys[j] ==
+    variables.sharingMessageLaters.map(k, variables.sharingMessageKeys[k]).min())[0]
+- name: sharingMessageClash
+  expression: >-
+    variables.sharingMessagePairs[variables.sharingMessageAt].filter(p, p in variables.sharingMessageFirst &&
+    variables.sharingMessageFirst[p] < variables.sharingMessageKeys[variables.sharingMessageAt])[0]
+- name: sharingMessageOther
+  expression: >-
+    variables.sharingMessageHits[variables.sharingMessageKeys.indexOf(variables.sharingMessageFirst[variables.sharingMessageClash])]
+- name: sharingMessageWhy
+  expression: >-
+    variables.sharingMessageClash + ' is also given to ordinal ' + {{ include "gpu-scheduler.celOrdinal" "variables.sharingMessageOther[1]" }} +
+    ' on line ' + variables.sharingMessageOther[0] + ': ' + {{ $why }}
+- name: sharingMessage
+  expression: >-
+    'line ' + variables.sharingMessageHits[variables.sharingMessageAt][0] + ': ' +
+    (size(variables.sharingMessageWhy) > 300 ? variables.sharingMessageWhy.substring(0, 299) + '…' : variables.sharingMessageWhy) +
+    " (in '" + {{ include "gpu-scheduler.celExcerpt" (include "gpu-scheduler.celCanon" "variables.sharingMessageHits[variables.sharingMessageAt][1]") }} + "')"
+{{- end }}

@@ -61,10 +61,11 @@ from kube_gpu_scheduler.domain.injection import (
 )
 from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL
 from kube_gpu_scheduler.domain.rules import pci_needs_dra
-from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, excerpt, parse
+from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, excerpt, parse, sharing_problems
+from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS, warning
 from localcluster.cluster import Cluster
 from localcluster.rbac import render_chart
-from tests.support.mapcorpus import corpus, large_map, large_uuid
+from tests.support.mapcorpus import TASK_MAP, corpus, large_map, large_uuid
 
 pytestmark = pytest.mark.cluster
 
@@ -168,10 +169,18 @@ class Apiserver:
         self.pool.clear()
 
 
+def _utf8(value: str) -> str:
+    """A header value as sent: the apiserver writes UTF-8, http.client reads ISO-8859-1."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
 def _warnings(headers: Any) -> list[str]:
     values = headers.getlist("Warning") if hasattr(headers, "getlist") else [headers.get("Warning") or ""]
     # `299 - "text"`, several joined by ", " when the header is folded.
-    return [m for v in values for m in re.findall(r'299 - "((?:[^"\\]|\\.)*)"', v or "")]
+    return [m for v in values for m in re.findall(r'299 - "((?:[^"\\]|\\.)*)"', _utf8(v or ""))]
 
 
 def pod(
@@ -565,6 +574,7 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
     texts = list(corpus(SEED + 1, 2_000))
     answers = apiserver.create_all([statefulset(t) for t in texts])
     wrong = []
+    shared = 0
     for text, answer in zip(texts, answers, strict=True):
         try:
             smap = parse(text)
@@ -586,7 +596,14 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
             continue
         if not answer.allowed:
             wrong.append(f"{text!r}: accepted by the parser but refused: {answer.message}")
+            continue
+        # A map that shares GPUs is told so, in the parser's words (sharing.warning).
+        said = [w for w in answer.warnings if "shares GPUs" in w]
+        if said != ([w] if (w := warning(smap)) else []):
+            wrong.append(f"{text!r}: the parser warns {w!r}; the policy: {said}")
+        shared += bool(smap.shared())
     assert not wrong, f"{len(wrong)} disagreements, the first ones:\n" + "\n".join(wrong[:20])
+    assert shared > 200, f"only {shared} maps that share GPUs"
 
 
 @pytest.mark.parametrize(
@@ -625,10 +642,6 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
             "all UUIDs or all PCI bus IDs)",
         ),
         (
-            f"0=node1:{UUID}\n1=node2:0000:3b:00.0\n2=node2:00000000:3B:00.0\n",
-            "line 3: node2:0000:3b:00.0 is already given to ordinal 1 on line 2 (in '2=node2:00000000:3B:00.0')",
-        ),
-        (
             f"0=node1:{UUID},{UUID.upper()}\n",
             f"line 1: GPU {UUID} is listed twice in this entry",
         ),
@@ -645,10 +658,6 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
             "0=node1:0\n1=node2:1\n01=node2:2\n",
             "line 3: ordinal 1 is already mapped on line 2 (1=node2:1) (in '01=node2:2')",
         ),
-        (
-            "0=node1:0\n1=node1:1,0\n",
-            "line 2: node1:0 is already given to ordinal 0 on line 1 (in '1=node1:1,0')",
-        ),
         ("# nothing\n", "line 1: the map has no entries"),
         ("0=node1:0,\n", "line 1: empty GPU index (stray ',') (in '0=node1:0,')"),
         ("0=node1:\n", "line 1: no GPU index given for node 'node1' (in '0=node1:')"),
@@ -663,6 +672,152 @@ def test_the_refusal_names_the_line_and_the_problem(apiserver: Apiserver, text: 
         answer = apiserver.create(obj)
         assert not answer.allowed
         assert message in answer.message, answer.message
+
+
+# -- shared GPUs -----------------------------------------------------------------------------------
+
+
+def test_the_tasks_map_is_admitted_with_the_warning_and_both_sharers_get_gpu_3(apiserver: Apiserver) -> None:
+    """Replicas 3 and 4 share GPU 3 of node4: the StatefulSet is admitted with the warning that
+    names it (the parser's words), and each sharer gets the same variables in every mode."""
+    said = warning(parse(TASK_MAP))
+    assert said is not None and "node4:3 by ordinals 3, 4 (lines 4, 5)" in said
+    answer = apiserver.create(statefulset(TASK_MAP, replicas=5))
+    assert answer.allowed, answer.message
+    assert said in answer.warnings, answer.warnings
+    for mode, scheduler in SCHEDULERS.items():
+        envs = []
+        for ordinal in ("3", "4"):
+            sent = pod(TASK_MAP, ordinal, scheduler)
+            got = apiserver.create(sent)
+            assert not disagreement(TASK_MAP, ordinal, mode, got, sent), got.message
+            # A bare pod of the map is told too (the StatefulSet controller's are not, below).
+            assert said in got.warnings, (mode, got.warnings)
+            envs.append(gpu_env(containers(got.obj)[0]))
+        assert envs[0] == envs[1] and envs[0] == dict(desired_env(parse(TASK_MAP)[3], mode)), (mode, envs)
+    controllers = apiserver.create(pod(TASK_MAP, "4"), as_user=STATEFULSET_CONTROLLER)
+    assert controllers.allowed and not [w for w in controllers.warnings if "shares GPUs" in w]
+    # A map that shares nothing is told nothing of it.
+    plain = apiserver.create(statefulset("0=node1:0,1\n1=node2:2\n", replicas=2))
+    assert plain.allowed and not [w for w in plain.warnings if "shares GPUs" in w], plain.warnings
+
+
+def test_many_shared_gpus_are_named_up_to_ten_in_the_parsers_words(apiserver: Apiserver) -> None:
+    # 12 GPUs of one node each shared by 10 ordinals (lines in a scrambled order), and one GPU of
+    # a 60-character node name shared by two: the warning names 10, then "and 3 more".
+    r = random.Random(SEED)
+    lines = [f"{o}=node-{o % 12:02d}:{o % 12}" for o in range(120)]
+    r.shuffle(lines)
+    text = "\n".join([*lines, f"500={'n' * 60}:7", f"501={'n' * 60}:7"]) + "\n"
+    said = warning(parse(text))
+    assert said is not None and "and 3 more shared GPUs" in said and " and 2 more (lines " in said
+    answer = apiserver.create(statefulset(text, replicas=1))
+    assert answer.allowed, answer.message
+    assert [w for w in answer.warnings if "shares GPUs" in w] == [said], answer.warnings
+
+
+STRICT = "gpu-scheduler-strict"
+
+
+@pytest.fixture(scope="module")
+def strict(cluster: Cluster, apiserver: Apiserver) -> Iterator[Apiserver]:
+    """A release with sharing.allowed=false (scheduler gpu-scheduler-strict): its map policy,
+    bound to one namespace of its own (the releases above check every other namespace's
+    StatefulSets, and admit what shares)."""
+    namespace = f"strict-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", namespace)
+    values = {
+        "webhook": {"enabled": False},
+        "injection": {"mode": "policy"},
+        "scheduler": {"name": STRICT},
+        "sharing": {"allowed": False},
+    }
+    rendered = render_chart(cluster, "inj-strict", "gpu-system", values)
+    name = f"inj-strict-{FULLNAME}-map"
+    objects = [
+        d
+        for d in rendered
+        if d["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+        and d["metadata"]["name"] == name
+    ]
+    assert len(objects) == 2, [d["metadata"]["name"] for d in rendered]
+    for d in objects:
+        if d["kind"] == "ValidatingAdmissionPolicyBinding":
+            d["spec"]["matchResources"]["namespaceSelector"] = {
+                "matchLabels": {"kubernetes.io/metadata.name": namespace}
+            }
+    cluster.apply(objects)
+    server = Apiserver.connect(cluster, namespace)
+    cluster.wait_until(
+        lambda: not server.create(statefulset(TASK_MAP, replicas=5)).allowed,
+        60,
+        "the strict release's map policy in effect",
+    )
+    try:
+        yield server
+    finally:
+        server.close()
+        for obj in objects:
+            cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_a_release_that_forbids_sharing_refuses_a_shared_map_in_the_parsers_words(strict: Apiserver) -> None:
+    err = sharing_problems(parse(TASK_MAP), RELEASE_FORBIDS)
+    assert err is not None
+    first = str(err.problems[0])
+    assert (
+        first == f"line 5: node4:3 is also given to ordinal 3 on line 4: {RELEASE_FORBIDS} (in '4=node4:3')"
+    )
+    for obj in (statefulset(TASK_MAP, replicas=5), pod(TASK_MAP, "0", STRICT)):
+        answer = strict.create(obj)
+        assert not answer.allowed
+        assert first in answer.message, answer.message
+        assert "sharing.allowed=true" in answer.message
+    # The StatefulSet controller's pods are not checked again; a map that shares nothing is admitted.
+    assert strict.create(pod(TASK_MAP, "4", STRICT), as_user=STATEFULSET_CONTROLLER).allowed
+    assert strict.create(statefulset("0=node1:0\n1=node1:1\n", replicas=2)).allowed
+
+
+def test_a_strict_release_names_the_first_sharing_problem_as_the_parser_does(strict: Apiserver) -> None:
+    """The corpus's maps that share (the parser accepts them): refused with the first problem of
+    sharing_problems, word for word (line, GPU, ordinal and line it is also given to, canonical
+    entry); long node names and UUIDs, entries of one line in any order."""
+    texts = []
+    for text in corpus(SEED + 2, 3_000):
+        try:
+            smap = parse(text)
+        except MapError:
+            continue
+        if smap.shared() and not pci_needs_dra(smap.values()):
+            texts.append(text)
+    long = "gpu-" + "x" * 70 + ".example.com"
+    texts += [
+        "5=a:0; 2=a:0\n",  # one line: the parser orders entries by (line, ordinal)
+        "1=n:2\n2=n:1,2\n5=n:1\n",
+        f"0={long}:{UUID}\n1={long}:{UUID.upper()}\n",
+        f"3={long}:1,2,3\n9=b:0\n004={long}:3,2\n",
+    ]
+    answers = strict.create_all([statefulset(t) for t in texts])
+    wrong = []
+    for text, answer in zip(texts, answers, strict=True):
+        err = sharing_problems(parse(text), RELEASE_FORBIDS)
+        assert err is not None
+        if answer.allowed or str(err.problems[0]) not in answer.message:
+            wrong.append(f"{text!r}: the parser says {err.problems[0]}; the policy: {answer.message}")
+    assert not wrong, f"{len(wrong)} disagreements, the first ones:\n" + "\n".join(wrong[:20])
+    assert len(texts) > 300
+
+
+def test_a_strict_release_refuses_a_large_shared_map_past_400_pairs(strict: Apiserver) -> None:
+    # Past 400 node:GPU pairs the duplicates are found by a map insertion, which names the key only.
+    text = "".join(large_map(20_000).splitlines(keepends=True)) + "999999=gpu-node-0.example.com:3\n"
+    assert sum(len(e.gpus) for e in parse(text).values()) > 400
+    answer = strict.create(statefulset(text))
+    assert not answer.allowed
+    assert "insert failed: key gpu-node-0.example.com:3 already exists" in answer.message, answer.message[
+        :300
+    ]
 
 
 def test_gpus_named_by_uuid_are_injected_as_the_map_names_them(apiserver: Apiserver) -> None:
@@ -757,14 +912,13 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
 @pytest.mark.slow(reason="the largest malformed maps through every policy", budget=360)
 @pytest.mark.alone(reason="each 256 KiB map's admission must finish within the create handler's fixed 34 s")
 def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver) -> None:
-    """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits."""
+    """A mistake on the last line of a 256 KiB map: found, and named, within the cost limits; a
+    GPU shared on its last line is no mistake."""
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
     text = large_map(limit - 80)
     named = large_map(limit - 80, named=True)
     lines = text.count("\n")
     cases = [
-        # The same UUID given twice, spelt in upper case the second time.
-        (named + f"999999=gpu-node-3.example.com:{large_uuid(3, 0).upper()}\n", "insert failed: key"),
         (named + "9=x:1,\n", f"line {named.count(chr(10)) + 1}: empty GPU index"),
         # A PCI bus ID outside DRA mode.
         (
@@ -773,10 +927,6 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
         ),
         # Past 400 entries duplicates are found by a map insertion, which names the key only.
         (text + "0=node1:0\n", "insert failed: key 0 already exists"),
-        (
-            text + "999999=gpu-node-0.example.com:3\n",
-            "insert failed: key gpu-node-0.example.com:3 already exists",
-        ),
         (text + "9=x:1,\n", f"line {lines + 1}: empty GPU index"),
         # Past 32 KiB only a problem of shape is named (each messageExpression costs a second
         # evaluation on every request); the others get the policy's message.
@@ -787,6 +937,17 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
             answer = apiserver.create(obj)
             assert not answer.allowed
         assert problem in answer.message, answer.message[:500]
+    # A GPU named by two entries of a 256 KiB map (the same UUID spelt in upper case the second
+    # time, or an index) is shared, not a mistake: admitted (the sharing warning is for maps up to
+    # 32 KiB: sorting the GPUs costs n^2).
+    for shared in (
+        named + f"999999=gpu-node-3.example.com:{large_uuid(3, 0).upper()}\n",
+        text + "999999=gpu-node-0.example.com:3\n",
+    ):
+        assert parse(shared).shared()
+        answer = apiserver.create(statefulset(shared))
+        assert answer.allowed, answer.message[:500]
+        assert not [w for w in answer.warnings if "shares GPUs" in w]
     # The documented trade-off: a node named two ways is found by sorting, which costs n^2, so
     # past 400 runs of entries the policy does not look (the scheduler and the webhook refuse it).
     for mixed in (

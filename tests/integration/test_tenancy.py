@@ -3,7 +3,9 @@ the chart's policies, RBAC and environment; tenants with ``edit`` in their own n
 
 * at apply: a map naming a node no policy grants the namespace is refused, with the line, the
   node and the policies considered; a namespace no policy selects is refused; a bare pod too;
-  webhook mode refuses with the policy's very words;
+  webhook mode refuses with the policy's very words; a map that shares a GPU is refused where a
+  policy of the namespace says allowSharedGPUs: false (in both modes, and at bind:
+  GPUSharingForbidden), admitted with the warning elsewhere;
 * only admins write policies: a tenant can neither create, edit nor delete one, and the
   scheduler's token may only write their status (and the grants ConfigMap);
 * at bind: two StatefulSets of two namespaces racing for the last GPUs of a limit never hold more
@@ -28,6 +30,8 @@ from kubernetes import client
 
 from kube_gpu_scheduler.domain import dra
 from kube_gpu_scheduler.domain import rules as R
+from kube_gpu_scheduler.domain.schedmap import parse, sharing_problems
+from kube_gpu_scheduler.domain.sharing import tenant_forbids
 from tests.integration.fixtures_scheduler import metric
 from tests.integration.fixtures_tenancy import Tenancy, sts
 from tests.integration.test_dra import Dra, dra_env  # noqa: F401 (the DRA fixture, for the quota test)
@@ -115,6 +119,55 @@ def test_webhook_mode_refuses_with_the_policys_words(tenancy: Tenancy) -> None:
             said[team] = denial(res.stderr).replace(t.ns[team], "NS") if res.returncode else "admitted"
         assert said["a"] == said["w"], smap
     assert said["a"] == "admitted"
+
+
+def test_a_policy_that_forbids_sharing_refuses_a_shared_map_in_its_namespaces_only(
+    tenancy: Tenancy, kube: Any
+) -> None:
+    """allowSharedGPUs: false on a policy of team a: a map whose replicas share a GPU is refused in
+    team a's namespaces (the policy, namespace a; the webhook, namespace w: the same words) and
+    admitted in team b's; the published grants say which policy forbids it; and a replica that
+    shares, created after the policy came (its StatefulSet admitted before), waits with an event
+    in the same words (GPUSharingForbidden) while its mate that shares nothing is bound."""
+    t = tenancy
+    a, b, w, shared = t.ns["a"], t.ns["b"], t.ns["w"], t.nodes["shared"]
+    smap = f"0={shared}:0\n1={shared}:1\n2={shared}:5\n3={shared}:5\n"
+    t.wait_grants(a, ["pool-a", "probe", "shared"])
+    # Admitted before any policy forbids it: 2 replicas (0 and 1 share nothing).
+    res = t.as_tenant("a", "apply", "-n", a, "-f", "-", input=sts("sh", smap, 2, t.scheduler_name))
+    assert res.returncode == 0, res.stderr
+    assert "Warning: gpu-scheduling-map shares GPUs between replicas: " in res.stderr, res.stderr
+    strict = t.apply_policy("strict", ["a"], "nowhere", allowSharedGPUs=False)
+    try:
+        t.wait_grants(a, ["pool-a", "probe", "shared", "strict"])
+        assert t.grants_data()[f"unshared.{strict}"] == "true"
+        for team, ns in (("a", a), ("w", w)):
+            why = tenant_forbids(strict, ns)
+            err = sharing_problems(parse(smap), why)
+            assert err is not None
+            res = t.as_tenant(team, "apply", "--dry-run=server", "-n", ns, "-f", "-", input=sts("x", smap, 4, "gpu-scheduler" if team == "w" else t.scheduler_name))  # fmt: skip
+            assert res.returncode != 0, (team, res.stdout)
+            assert denial(res.stderr).startswith(str(err.problems[0])), (team, res.stderr)
+            assert f"line 4: {shared}:5 is also given to ordinal 2 on line 3: {why}" in res.stderr
+        # Team b's policies allow it: admitted, with the warning.
+        res = t.as_tenant("b", "apply", "--dry-run=server", "-n", b, "-f", "-", input=sts("x", smap, 4, t.scheduler_name))  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert f"{shared}:5 by ordinals 2, 3 (lines 3, 4)" in res.stderr, res.stderr
+        # At bind: sh-2 and sh-3 share GPU 5; the scheduler refuses them, and binds sh-0, sh-1.
+        wait_for(lambda: {"sh-0", "sh-1"} <= set(bound(kube, a)), 60, what="sh-0 and sh-1 bound")
+        t.as_tenant("a", "scale", "statefulset", "sh", "-n", a, "--replicas=4")
+        why = tenant_forbids(strict, a)
+        event = wait_for(
+            lambda: failed_scheduling(kube, a, "sh-3", R.GPU_SHARING_FORBIDDEN, why), 60, what="sh-3 refused"
+        )
+        assert f"line 4: {shared}:5 is also given to ordinal 2 on line 3: {why}" in event["message"]
+        assert "sh-3" not in bound(kube, a) and "sh-2" not in bound(kube, a)
+    finally:
+        t.as_tenant("a", "delete", "statefulset", "sh", "-n", a, "--wait=false")
+        t.cluster.kubectl("delete", "gpupinningpolicy", strict, "--ignore-not-found")
+        t.policies.remove(strict)
+        t.wait_grants(a, ["pool-a", "probe", "shared"])
+        wait_for(lambda: not [p for p in pods(kube, a) if p["metadata"]["name"].startswith("sh-")], 60, what="sh-* gone")  # fmt: skip
 
 
 def test_only_admins_write_policies(tenancy: Tenancy) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from kube_gpu_scheduler.domain.schedmap import parse, sharing_problems
+from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS, warning
 from kube_gpu_scheduler.webhook.nodes import NodeCache, NodeInfo
 from localcluster.cluster import Cluster
 from tests.integration.fixtures_webhook import (
@@ -23,6 +25,7 @@ from tests.integration.fixtures_webhook import (
     register_webhooks,
     start_webhook,
 )
+from tests.support.mapcorpus import TASK_MAP
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -134,11 +137,60 @@ def test_statefulset_replicas_get_their_entries(
 def test_malformed_map_statefulset_is_refused_with_the_line(
     cluster: Cluster, namespace: str, webhook_configs: str
 ) -> None:
-    res = kubectl_apply(cluster, statefulset(namespace, "bad", "0=node1:0\n1=node1:0\n", replicas=2))
+    res = kubectl_apply(cluster, statefulset(namespace, "bad", "0=node1:0\n0=node1:1\n", replicas=2))
     assert res.returncode != 0
     assert 'admission webhook "validate-statefulsets.gpu-scheduler.io" denied the request' in res.stderr
-    assert "line 2: node1:0 is already given to ordinal 0 on line 1" in res.stderr
+    assert "line 2: ordinal 0 is already mapped on line 1 (0=node1:0)" in res.stderr
     assert cluster.kubectl("get", "statefulset", "bad", "-n", namespace, check=False).returncode != 0
+
+
+def test_the_tasks_map_is_admitted_with_the_warning_and_its_sharers_get_the_same_gpu(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    """Replicas 3 and 4 share GPU 3 of node4: kubectl prints the warning naming it, and the
+    StatefulSet controller's pods 3 and 4 both get CUDA_VISIBLE_DEVICES=3."""
+    said = warning(parse(TASK_MAP))
+    assert said is not None and "node4:3 by ordinals 3, 4 (lines 4, 5)" in said
+    res = kubectl_apply(cluster, statefulset(namespace, "task", TASK_MAP, replicas=5))
+    assert res.returncode == 0, res.stderr
+    assert f"Warning: {said}" in res.stderr.splitlines(), res.stderr
+
+    def five() -> bool:
+        out = cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=task", "-o", "name").stdout
+        return len(out.split()) == 5
+
+    wait_for(five, 60, what="the StatefulSet controller to create task-0 to task-4")
+    for name, devices in (("task-2", "0,1,2"), ("task-3", "3"), ("task-4", "3")):
+        assert env_of(cluster, namespace, name)["main"]["CUDA_VISIBLE_DEVICES"] == devices, name
+    # A bare pod of the map is told too.
+    bare = pod(namespace, "bare-4", TASK_MAP)
+    bare["metadata"]["labels"] = {"apps.kubernetes.io/pod-index": "4"}
+    res = kubectl_apply(cluster, bare)
+    assert res.returncode == 0, res.stderr
+    assert f"Warning: {said}" in res.stderr.splitlines(), res.stderr
+    assert env_of(cluster, namespace, "bare-4")["main"]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_a_release_that_forbids_sharing_refuses_the_tasks_map(
+    cluster: Cluster, namespace: str, webhook_certs: Path, tmp_path: Path
+) -> None:
+    err = sharing_problems(parse(TASK_MAP), RELEASE_FORBIDS)
+    assert err is not None
+    with (
+        start_webhook(webhook_certs, tmp_path, None, {"GPU_SCHEDULER_ALLOW_SHARING": "false"}) as strict,
+        register_webhooks(cluster, namespace, strict),
+    ):
+        res = kubectl_apply(cluster, statefulset(namespace, "shared", TASK_MAP, replicas=5))
+        assert res.returncode != 0
+        assert 'admission webhook "validate-statefulsets.gpu-scheduler.io" denied the request' in res.stderr
+        assert f"denied the request: {err}" in res.stderr, res.stderr
+        assert "sharing.allowed=true" in res.stderr
+        res = kubectl_apply(cluster, pod(namespace, "shared-0", TASK_MAP))
+        assert res.returncode != 0 and str(err.problems[0]) in res.stderr, res.stderr
+        # A map that shares nothing is admitted.
+        res = kubectl_apply(cluster, statefulset(namespace, "alone", "0=node1:0\n1=node1:1\n", replicas=2))
+        assert res.returncode == 0, res.stderr
+    assert cluster.kubectl("get", "statefulset", "shared", "-n", namespace, check=False).returncode != 0
 
 
 def test_malformed_map_pods_fail_creation_with_an_event(

@@ -7,13 +7,15 @@ every form the grammar allows, and near misses it refuses.
   tabs, and what else ``str.isspace()`` accepts: NBSP, EM SPACE, ``\\v``, ``\\f``, ``\\x1c``...),
   ``;``-separated entries, ``#`` comments holding ``;``, ``=`` and entries, blank lines, CRLF,
   leading zeros, entries in any order; each node's GPUs named one way: by index (most), by
-  UUID (``GPU-...`` in any case) or by PCI bus ID (any case, 4- or 8-digit domain);
-* the same maps with one mistake: a duplicate ordinal, a GPU listed twice, a GPU given to two
-  ordinals, a huge ordinal or GPU index, non-ASCII digits, an invalid node name, a missing
-  ``=`` or ``:``, a stray ``,``, a character that is not whitespace to the parser (ZERO WIDTH
+  UUID (``GPU-...`` in any case) or by PCI bus ID (any case, 4- or 8-digit domain); about a
+  third of them share GPUs (more entries naming some of an entry's GPUs, perhaps spelt
+  otherwise: whole or partial overlaps, two sharers or more);
+* the same maps with one mistake: a duplicate ordinal (perhaps sharing a GPU), a GPU listed
+  twice (perhaps in an entry that shares it), a huge ordinal or GPU index, non-ASCII digits,
+  an invalid node name, a missing ``=`` or ``:``, a stray ``,``, a character that is not whitespace to the parser (ZERO WIDTH
   SPACE), no entry at all, a UUID or PCI bus ID that is not one (bad hex, wrong group lengths,
   function 8, a 3- or 5-digit domain), a node named two ways (in one entry, or on two lines),
-  the same UUID or PCI bus ID twice once normalized (in one entry, or for two ordinals);
+  the same UUID or PCI bus ID twice once normalized in one entry;
 * random strings over the grammar's alphabet (most refused, some accepted).
 
 :func:`large_map` writes a valid map of about ``size`` bytes (up to the 256 KiB the apiserver
@@ -106,6 +108,22 @@ def _entries(r: random.Random, count: int) -> list[tuple[int, str, list[GPU]]]:
     return out
 
 
+def _share(r: random.Random, entries: list[tuple[int, str, list[GPU]]]) -> list[tuple[int, str, list[GPU]]]:
+    """``entries`` and 1-3 more, each naming some or all of an existing entry's GPUs (shared:
+    whole or partial overlaps; a GPU may get three sharers or more), anywhere in the text."""
+    out = list(entries)
+    used = {o for o, _, _ in entries}
+    for _ in range(r.randint(1, 3)):
+        _, node, gpus = r.choice(out)
+        shared = r.sample(gpus, r.randint(1, len(gpus)))
+        ordinal = r.randrange(0, 40 if r.random() < 0.8 else MAX_ORDINAL + 1)
+        while ordinal in used:
+            ordinal = r.randrange(0, MAX_ORDINAL + 1)
+        used.add(ordinal)
+        out.insert(r.randrange(len(out) + 1), (ordinal, node, shared))
+    return out
+
+
 def _render(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: bool) -> str:
     def sp() -> str:
         return _space(r, exotic)
@@ -179,8 +197,8 @@ def _break(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: 
             entries.append((max(e[0] for e in entries) + 1, node, [_other_kind(r, gpus[0])]))
         elif kind == 17:  # one GPU twice in an entry (the same name, perhaps spelt otherwise)
             entries[0] = (o, node, [*gpus, gpus[0]])
-        else:  # one GPU for two ordinals
-            entries.append((max(e[0] for e in entries) + 1, node, [gpus[0]]))
+        else:  # one GPU shared by two ordinals, and listed twice in the second (spelt otherwise)
+            entries.append((max(e[0] for e in entries) + 1, node, [gpus[0], gpus[0]]))
         if r.random() < 0.5:
             r.shuffle(entries)
         return _render(r, entries, exotic)
@@ -188,8 +206,8 @@ def _break(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: 
         entries.append((o, "other-node", [0]))
     elif kind == 1:  # a GPU listed twice in one entry
         entries[0] = (o, node, [*gpus, gpus[0]])
-    elif kind == 2:  # a GPU given to two ordinals
-        entries.append((max(e[0] for e in entries) + 1, node, [gpus[-1]]))
+    elif kind == 2:  # a duplicate ordinal that shares a GPU of the first entry
+        entries.append((o, node, [gpus[-1]]))
     elif kind == 3:
         entries[0] = (r.choice((MAX_ORDINAL + 1, 10**7, 10**30, 2**63)), node, gpus)
     elif kind == 4:
@@ -243,7 +261,7 @@ def corpus(seed: int, count: int) -> Iterator[str]:
         entries = _entries(r, r.randint(1, 6) if r.random() < 0.8 else r.randint(7, 40))
         roll = r.random()
         if roll < 0.5:
-            yield _render(r, entries, exotic)
+            yield _render(r, _share(r, entries) if r.random() < 0.35 else entries, exotic)
         elif roll < 0.9:
             yield _break(r, entries, exotic)
         else:

@@ -59,7 +59,13 @@ def test_the_crd_is_a_kept_template_with_printer_columns_and_a_status() -> None:
     }
     schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert schema["required"] == ["namespaceSelector", "nodeSelector"]
-    assert set(schema["properties"]) == {"namespaceSelector", "nodeSelector", "maxGPUs", "gpuTypes"}
+    assert set(schema["properties"]) == {
+        "namespaceSelector",
+        "nodeSelector",
+        "maxGPUs",
+        "gpuTypes",
+        "allowSharedGPUs",
+    }
 
 
 def test_the_scheduler_reads_policies_writes_only_their_status_and_the_grants() -> None:
