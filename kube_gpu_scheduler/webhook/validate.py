@@ -128,7 +128,9 @@ def admit_statefulset(
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
-    forbidden = [] if settings.allow_sharing else sharing_forbidden(smap, RELEASE_FORBIDS)
+    # Sharing forbidden for the release: this scheduler's StatefulSets (another release may allow it).
+    ours = pod_spec.get("schedulerName") == settings.scheduler_name
+    forbidden = [] if settings.allow_sharing or not ours else sharing_forbidden(smap, RELEASE_FORBIDS)
     if forbidden:
         log.info("denied: %s", forbidden[0].reason, extra={**ctx, "reasons": [forbidden[0].reason]})
         return Verdict.deny(403, forbidden[0].message)
@@ -151,7 +153,8 @@ def admit_statefulset(
     replicas = _int_at(spec, "replicas", 1, "spec.replicas", req.uid)
     ordinals = dict_at(spec, "ordinals", "spec.ordinals", req.uid)
     start = _int_at(ordinals, "start", 0, "spec.ordinals.start", req.uid)
-    findings += gpus_shared(smap)
+    if ours:
+        findings += gpus_shared(smap)
     findings += replica_findings(smap, start, replicas)
     findings += pod_template_findings(pod_spec, settings.scheduler_name, "spec.template.spec")
     findings += node_findings(smap, nodes, ctx)

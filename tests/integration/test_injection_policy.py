@@ -183,6 +183,14 @@ def _warnings(headers: Any) -> list[str]:
     return [m for v in values for m in re.findall(r'299 - "((?:[^"\\]|\\.)*)"', _utf8(v or ""))]
 
 
+def sharing_warnings(answer: Answer, release: str = "inj-cuda") -> list[str]:
+    """The sharing warnings of one release's map-warnings policy, without the apiserver's
+    preamble ("Validation failed for ValidatingAdmissionPolicy '...' with binding '...': ")."""
+    policy = f"'{release}-{FULLNAME}-map-warnings'"
+    start = "gpu-scheduling-map shares GPUs between replicas: "
+    return [w[w.index(start) :] for w in answer.warnings if policy in w and start in w]
+
+
 def pod(
     text: str | None,
     ordinal: str | None,
@@ -598,7 +606,7 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
             wrong.append(f"{text!r}: accepted by the parser but refused: {answer.message}")
             continue
         # A map that shares GPUs is told so, in the parser's words (sharing.warning).
-        said = [w for w in answer.warnings if "shares GPUs" in w]
+        said = sharing_warnings(answer)
         if said != ([w] if (w := warning(smap)) else []):
             wrong.append(f"{text!r}: the parser warns {w!r}; the policy: {said}")
         shared += bool(smap.shared())
@@ -684,7 +692,7 @@ def test_the_tasks_map_is_admitted_with_the_warning_and_both_sharers_get_gpu_3(a
     assert said is not None and "node4:3 by ordinals 3, 4 (lines 4, 5)" in said
     answer = apiserver.create(statefulset(TASK_MAP, replicas=5))
     assert answer.allowed, answer.message
-    assert said in answer.warnings, answer.warnings
+    assert sharing_warnings(answer) == [said], answer.warnings
     for mode, scheduler in SCHEDULERS.items():
         envs = []
         for ordinal in ("3", "4"):
@@ -692,14 +700,17 @@ def test_the_tasks_map_is_admitted_with_the_warning_and_both_sharers_get_gpu_3(a
             got = apiserver.create(sent)
             assert not disagreement(TASK_MAP, ordinal, mode, got, sent), got.message
             # A bare pod of the map is told too (the StatefulSet controller's are not, below).
-            assert said in got.warnings, (mode, got.warnings)
+            assert sharing_warnings(got, f"inj-{mode}") == [said], (mode, got.warnings)
             envs.append(gpu_env(containers(got.obj)[0]))
         assert envs[0] == envs[1] and envs[0] == dict(desired_env(parse(TASK_MAP)[3], mode)), (mode, envs)
     controllers = apiserver.create(pod(TASK_MAP, "4"), as_user=STATEFULSET_CONTROLLER)
     assert controllers.allowed and not [w for w in controllers.warnings if "shares GPUs" in w]
-    # A map that shares nothing is told nothing of it.
+    # A map that shares nothing is told nothing of it; another scheduler's StatefulSet neither
+    # (its release says it, if any).
     plain = apiserver.create(statefulset("0=node1:0,1\n1=node2:2\n", replicas=2))
     assert plain.allowed and not [w for w in plain.warnings if "shares GPUs" in w], plain.warnings
+    theirs = apiserver.create(statefulset(TASK_MAP, replicas=5, scheduler="someone-else"))
+    assert theirs.allowed and not [w for w in theirs.warnings if "shares GPUs" in w], theirs.warnings
 
 
 def test_many_shared_gpus_are_named_up_to_ten_in_the_parsers_words(apiserver: Apiserver) -> None:
@@ -713,7 +724,7 @@ def test_many_shared_gpus_are_named_up_to_ten_in_the_parsers_words(apiserver: Ap
     assert said is not None and "and 3 more shared GPUs" in said and " and 2 more (lines " in said
     answer = apiserver.create(statefulset(text, replicas=1))
     assert answer.allowed, answer.message
-    assert [w for w in answer.warnings if "shares GPUs" in w] == [said], answer.warnings
+    assert sharing_warnings(answer) == [said], answer.warnings
 
 
 STRICT = "gpu-scheduler-strict"
@@ -749,7 +760,7 @@ def strict(cluster: Cluster, apiserver: Apiserver) -> Iterator[Apiserver]:
     cluster.apply(objects)
     server = Apiserver.connect(cluster, namespace)
     cluster.wait_until(
-        lambda: not server.create(statefulset(TASK_MAP, replicas=5)).allowed,
+        lambda: not server.create(statefulset(TASK_MAP, 5, STRICT)).allowed,
         60,
         "the strict release's map policy in effect",
     )
@@ -769,14 +780,16 @@ def test_a_release_that_forbids_sharing_refuses_a_shared_map_in_the_parsers_word
     assert (
         first == f"line 5: node4:3 is also given to ordinal 3 on line 4: {RELEASE_FORBIDS} (in '4=node4:3')"
     )
-    for obj in (statefulset(TASK_MAP, replicas=5), pod(TASK_MAP, "0", STRICT)):
+    for obj in (statefulset(TASK_MAP, 5, STRICT), pod(TASK_MAP, "0", STRICT)):
         answer = strict.create(obj)
         assert not answer.allowed
         assert first in answer.message, answer.message
         assert "sharing.allowed=true" in answer.message
-    # The StatefulSet controller's pods are not checked again; a map that shares nothing is admitted.
+    # The StatefulSet controller's pods are not checked again; a map that shares nothing is
+    # admitted; so is another scheduler's (its release may allow sharing: these do).
     assert strict.create(pod(TASK_MAP, "4", STRICT), as_user=STATEFULSET_CONTROLLER).allowed
-    assert strict.create(statefulset("0=node1:0\n1=node1:1\n", replicas=2)).allowed
+    assert strict.create(statefulset("0=node1:0\n1=node1:1\n", 2, STRICT)).allowed
+    assert strict.create(statefulset(TASK_MAP, replicas=5)).allowed
 
 
 def test_a_strict_release_names_the_first_sharing_problem_as_the_parser_does(strict: Apiserver) -> None:
@@ -798,7 +811,7 @@ def test_a_strict_release_names_the_first_sharing_problem_as_the_parser_does(str
         f"0={long}:{UUID}\n1={long}:{UUID.upper()}\n",
         f"3={long}:1,2,3\n9=b:0\n004={long}:3,2\n",
     ]
-    answers = strict.create_all([statefulset(t) for t in texts])
+    answers = strict.create_all([statefulset(t, 1, STRICT) for t in texts])
     wrong = []
     for text, answer in zip(texts, answers, strict=True):
         err = sharing_problems(parse(text), RELEASE_FORBIDS)
@@ -813,7 +826,7 @@ def test_a_strict_release_refuses_a_large_shared_map_past_400_pairs(strict: Apis
     # Past 400 node:GPU pairs the duplicates are found by a map insertion, which names the key only.
     text = "".join(large_map(20_000).splitlines(keepends=True)) + "999999=gpu-node-0.example.com:3\n"
     assert sum(len(e.gpus) for e in parse(text).values()) > 400
-    answer = strict.create(statefulset(text))
+    answer = strict.create(statefulset(text, 1, STRICT))
     assert not answer.allowed
     assert "insert failed: key gpu-node-0.example.com:3 already exists" in answer.message, answer.message[
         :300

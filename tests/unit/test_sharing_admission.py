@@ -54,9 +54,13 @@ def answer(
     return dict(resp.get_json()["response"])
 
 
-def sts(text: str, namespace: str = "team") -> dict[str, Any]:
+def sts(text: str, namespace: str = "team", scheduler: str = "gpu-scheduler") -> dict[str, Any]:
     return admission_review(
-        statefulset(text, replicas=5), kind="StatefulSet", name="w", resource=True, namespace=namespace
+        statefulset(text, replicas=5, scheduler=scheduler),
+        kind="StatefulSet",
+        name="w",
+        resource=True,
+        namespace=namespace,
     )
 
 
@@ -110,6 +114,11 @@ def test_a_release_that_forbids_sharing_refuses_the_map_with_the_parsers_words()
     # The controller's pods are not checked again; a map that shares nothing is admitted.
     assert answer("/mutate", pod(0, by_controller=True), allow_sharing=False)["allowed"] is True
     assert answer("/validate", sts("0=node1:0\n1=node1:1\n"), allow_sharing=False)["allowed"] is True
+    # Another scheduler's StatefulSet is its release's to judge (it may allow sharing): admitted,
+    # and not warned about here.
+    theirs = answer("/validate", sts(TASK_MAP, scheduler="other"), allow_sharing=False)
+    assert theirs["allowed"] is True
+    assert not any("shares GPUs" in w for w in theirs.get("warnings") or [])
 
 
 GRANTS = Grants(
