@@ -111,7 +111,7 @@ CASES = [
     Case("gpu-held", R.GPU_IN_USE, holders=[("node1", 1)]),
     Case("gpus-by-uuid", OK, map_text=UUID_MAP),
     # Replicas 0 and 1 share node1:1: admitted with a warning, bound as mapped.
-    Case("shared-gpu", R.GPUS_SHARED, map_text="0=node1:0,1\n1=node1:1\n"),
+    Case("shared-gpu", R.GPU_SHARED, map_text="0=node1:0,1\n1=node1:1\n"),
     Case(
         "more-uuids-than-the-node-has",
         R.GPU_OUT_OF_RANGE,

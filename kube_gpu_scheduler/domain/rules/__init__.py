@@ -144,8 +144,8 @@ from kube_gpu_scheduler.domain.rules.pod import (
     unmapped,
 )
 from kube_gpu_scheduler.domain.rules.sharing import (
+    GPU_SHARED,
     GPU_SHARING_FORBIDDEN,
-    GPUS_SHARED,
     gpus_shared,
     replica_sharing_forbidden,
     sharing_forbidden,
@@ -171,12 +171,12 @@ __all__ = [
     "FOLDED_MAP",
     "FRONT_ENDS",
     "GANG_WAITING",
-    "GPUS_SHARED",
     "GPU_IN_USE",
     "GPU_LIMIT_REACHED",
     "GPU_NAME_NEEDS_DRA",
     "GPU_OUT_OF_RANGE",
     "GPU_RESOURCE_REQUESTED",
+    "GPU_SHARED",
     "GPU_SHARING_FORBIDDEN",
     "HOST_PORT_CONFLICT",
     "INSUFFICIENT_RESOURCES",

@@ -28,20 +28,21 @@ GPU_SHARING_FORBIDDEN = rule(
     "a map that gives one GPU to several replicas is allowed: by the release (chart value "
     "sharing.allowed) and by every GPUPinningPolicy that selects the namespace (spec.allowSharedGPUs)",
     {ON_POD, ON_POLICY},
-    "the CLI knows neither the release's settings nor the policies",
+    "the CLI knows no policies, nor the release's settings but for --no-sharing (then an error)",
     scheduler=REFUSE,
     mutate=REFUSE,
     validate=REFUSE,
 )
-GPUS_SHARED = rule(
-    "SharedGPUs",
+GPU_SHARED = rule(
+    "GPUShared",
     "SharingSeen",
     "a GPU that several entries of the map name is shared by those replicas (time-sliced, no memory "
-    "isolation): said at admission so that a typo is seen at once",
+    "isolation): said at admission and by the CLI so that a typo is seen at once",
     {ON_POD},
     "the scheduler binds shared GPUs as mapped",
     mutate=WARN,
     validate=WARN,
+    lint=WARN,
 )
 
 
@@ -85,9 +86,9 @@ def replica_sharing_forbidden(smap: SchedulingMap, entry: Entry, why: str) -> Fi
     return Finding(GPU_SHARING_FORBIDDEN, str(problem))
 
 
-@emits(GPUS_SHARED)
+@emits(GPU_SHARED)
 def gpus_shared(smap: SchedulingMap) -> list[Finding]:
-    """SharedGPUs: the admission warning for a map that shares GPUs (each shared GPU, its
+    """GPUShared: the admission (and lint) warning for a map that shares GPUs (each shared GPU, its
     ordinals and their lines; :func:`kube_gpu_scheduler.domain.sharing.warning`)."""
     said = warning(smap)
-    return [] if said is None else [Finding(GPUS_SHARED, said)]
+    return [] if said is None else [Finding(GPU_SHARED, said)]
