@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from kube_gpu_scheduler.base.argtypes import non_negative_int
 from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.rules import (
+    GPU_SHARED,
     INVALID_MAP,
     Finding,
     pci_needs_dra,
@@ -155,10 +156,6 @@ def _check_ordinals(report: MapReport, replicas: int | None, start: int) -> None
     report.warnings.extend({"file_line": line, "message": x.message, "reason": x.reason} for x in findings)
 
 
-# The reason of the warning for a map that shares GPUs.
-SHARED_GPU = "GPUShared"
-
-
 def _check_sharing(report: MapReport, allowed: bool) -> None:
     """A map that shares GPUs: a warning naming each shared GPU, or (``--no-sharing``: the
     cluster forbids it) an error per entry that shares."""
@@ -172,7 +169,7 @@ def _check_sharing(report: MapReport, allowed: bool) -> None:
         return
     first = min(smap.entries[o].line for ords in smap.shared().values() for o in ords[1:])
     report.warnings.append(
-        {"file_line": report.file_line(first), "message": sharing.warning(smap), "reason": SHARED_GPU}
+        {"file_line": report.file_line(first), "message": sharing.warning(smap), "reason": GPU_SHARED}
     )
 
 

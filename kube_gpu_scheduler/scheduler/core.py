@@ -42,6 +42,7 @@ from kube_gpu_scheduler.domain.rules import (
     Holders,
     evaluate,
     node_signature,
+    release_forbids,
 )
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.informer import Obj
@@ -185,6 +186,8 @@ class Scheduler:
         """The placement rules on the caches and the ledger; ``room``: with the fit checks."""
         usage = self.usage if room else None
         decision = evaluate(pod, self.nodes.view(), self.ledger, self.settings.require_injection, usage)
+        if not self.settings.allow_sharing:
+            decision = release_forbids(pod, decision)
         return self.tenancy.decide(pod, decision) if self.tenancy is not None else decision
 
     def _read_statefulset(self, namespace: str, name: str) -> Mapping[str, Any] | None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes import client
+
+from kube_gpu_scheduler.domain.rules import GPU_SHARING_FORBIDDEN
 from kube_gpu_scheduler.domain.sharing import Member, Sharing, sharing_of
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
+from kube_gpu_scheduler.scheduler.main import build
+from kube_gpu_scheduler.scheduler.settings import Settings
+from localcluster.cluster import gpu_node_manifest
 from tests.support.mapcorpus import TASK_MAP
 
 
@@ -132,3 +138,23 @@ def test_a_gang_of_sharers_reserves_all_or_none() -> None:
     other = [(replica(o, sts="v", sts_uid="sts-v"), Claim.of("node4", [3])) for o in (3, 4)]
     assert len(ledger.reserve_all(other)) == 4
     assert ledger.snapshot() == {"node4:3": ["ns/w-3", "ns/w-4"]}
+
+
+def test_a_release_that_forbids_sharing_refuses_each_sharer_and_binds_the_rest() -> None:
+    strict = build(
+        Settings(leader_elect=False, require_injection=False, identity="t", allow_sharing=False),
+        client.ApiClient(),
+    )
+    for name in ("node1", "node2", "node3", "node4"):
+        node = gpu_node_manifest(name)
+        node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+        strict.nodes._apply({"type": "ADDED", "object": node})
+    three, four = strict.decide(replica(3)), strict.decide(replica(4))
+    assert (three.reason, four.reason) == (GPU_SHARING_FORBIDDEN, GPU_SHARING_FORBIDDEN)
+    assert four.message == (
+        "line 5: node4:3 is also given to ordinal 3 on line 4: this release forbids GPU sharing "
+        "(chart value sharing.allowed=false): give each replica its own GPUs, or ask the operator to set "
+        "sharing.allowed=true (in '4=node4:3')"
+    )
+    assert "node4:3 is also given to ordinal 4 on line 5" in three.message
+    assert strict.decide(replica(2)).ok

@@ -147,6 +147,7 @@ from kube_gpu_scheduler.domain.rules.sharing import (
     GPU_SHARED,
     GPU_SHARING_FORBIDDEN,
     gpus_shared,
+    release_forbids,
     replica_sharing_forbidden,
     sharing_forbidden,
 )
@@ -272,6 +273,7 @@ __all__ = [
     "pod_template_findings",
     "ranges",
     "ready_condition",
+    "release_forbids",
     "replica_findings",
     "replica_sharing_forbidden",
     "resolve",

@@ -10,6 +10,12 @@ chart's ``map-policy.yaml`` and ``tenancy-policy.yaml`` say the same in CEL.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from kube_gpu_scheduler.domain.objects import Pod
+from kube_gpu_scheduler.domain.podinfo import pod_map
+from kube_gpu_scheduler.domain.rules.filters import Decision
 from kube_gpu_scheduler.domain.rules.framework import (
     ON_POD,
     ON_POLICY,
@@ -19,8 +25,8 @@ from kube_gpu_scheduler.domain.rules.framework import (
     emits,
     rule,
 )
-from kube_gpu_scheduler.domain.schedmap import GPU, Entry, Problem, SchedulingMap, sharing_problems
-from kube_gpu_scheduler.domain.sharing import warning
+from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError, Problem, SchedulingMap, sharing_problems
+from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS, warning
 
 GPU_SHARING_FORBIDDEN = rule(
     "GPUSharingForbidden",
@@ -84,6 +90,25 @@ def replica_sharing_forbidden(smap: SchedulingMap, entry: Entry, why: str) -> Fi
         f"{entry.node}:{gpu} is also given to ordinal {other.ordinal} on line {other.line}: {why}",
     )
     return Finding(GPU_SHARING_FORBIDDEN, str(problem))
+
+
+def release_forbids(pod: Mapping[str, Any], decision: Decision) -> Decision:
+    """``decision`` with GPUSharingForbidden first when the replica shares a GPU by its map and
+    the release forbids sharing (``GPU_SCHEDULER_ALLOW_SHARING=false``): its map slipped past
+    admission (written before the chart value changed, or with the policy off)."""
+    entry = decision.entry
+    if entry is None:
+        return decision
+    try:
+        smap = pod_map(Pod(pod).meta)
+    except MapError:
+        return decision
+    if smap is None or not smap.mates(entry.ordinal):
+        return decision
+    found = replica_sharing_forbidden(smap, entry, RELEASE_FORBIDS)
+    if found is None:
+        return decision
+    return Decision(decision.ordinal, entry, (found, *decision.refusals), decision.warnings)
 
 
 @emits(GPU_SHARED)
