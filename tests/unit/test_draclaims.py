@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kube_gpu_scheduler.domain import dra, draclaims
-from kube_gpu_scheduler.domain.schedmap import parse
+from kube_gpu_scheduler.domain.schedmap import GPU, parse
 
 TASK = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3\n"
 
@@ -109,7 +109,7 @@ def test_every_gpu_is_in_exactly_one_claim_and_every_sharer_references_the_same_
 ) -> None:
     text = "\n".join(f"{o}={n}:{','.join(map(str, sorted(g)))}" for o, (n, g) in entries.items())
     smap = parse(text)
-    by_gpu: dict[tuple[str, int], set[tuple[str, tuple[int, ...]]]] = {}
+    by_gpu: dict[tuple[str, GPU], set[tuple[str, tuple[GPU, ...]]]] = {}
     for ordinal, entry in smap.items():
         parts = draclaims.layout(smap, ordinal, f"w-{ordinal}")
         assert sorted(g for p in parts for g in p.entry.gpus) == sorted(entry.gpus)  # each GPU once

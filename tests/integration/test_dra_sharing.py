@@ -1,0 +1,179 @@
+"""Replicas that share a GPU in DRA mode, on the real kube-apiserver with the control plane's
+kube-scheduler allocating (the fixture of test_dra.py: two kwok GPU nodes with NVIDIA-shaped
+ResourceSlices, the chart's injection policy, the gpu-scheduler in DRA mode).
+
+A device is allocated to one claim, so the replicas that share it reference one ResourceClaim
+(kube_gpu_scheduler/domain/draclaims.py, docs/dra.md "Shared GPUs"): the injection policy
+gives each pod the claims of the layout (checked here against the Python layout), the
+gpu-scheduler makes them, kube-scheduler allocates the shared claim once and reserves it for
+every sharer (``status.reservedFor``), a foreign claim never gets that GPU while a sharer holds
+it, and the claim is released once no sharer's entry needs it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kube_gpu_scheduler.domain import dra, draclaims
+from kube_gpu_scheduler.domain.podinfo import entry_for, pod_map
+from kube_gpu_scheduler.domain.rules.catalogue import EVICTED_FOR_ROLLOUT
+from tests.integration.test_dra import Dra, dra_env, no_device_twice  # noqa: F401  (the fixture)
+from tests.support.waiting import wait_for
+
+
+def placed_all(env: Dra, pod_name: str) -> dict[str, dict[str, Any]] | None:
+    """``{claim name: claim}`` when the pod runs on its entry's node, references exactly the claims
+    of its layout, and each is allocated exactly its part's devices and reserved for the pod."""
+    pod = env.pod(pod_name)
+    if not pod or not pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+        return None
+    ordinal, entry = entry_for(pod["metadata"])
+    smap = pod_map(pod["metadata"])
+    assert entry is not None and ordinal is not None and smap is not None
+    assert pod["spec"]["nodeName"] == entry.node
+    parts = draclaims.layout(smap, ordinal, pod_name)
+    assert dra.pod_claims(pod) == {p.ref: p.name for p in parts}, (pod["spec"]["resourceClaims"], parts)
+    devices = env.devices_of(entry.node)
+    out = {}
+    for part in parts:
+        claim = env.claim(part.name)
+        if claim is None or not dra.matches(claim, part.entry, dra.resolve(part.entry, devices)):
+            return None
+        if pod["metadata"]["uid"] not in {r.get("uid") for r in dra.pod_refs(claim)}:
+            return None
+        out[part.name] = claim
+    return out
+
+
+def reserved_pods(claim: dict[str, Any] | None) -> set[str]:
+    return {str(r.get("name")) for r in dra.pod_refs(claim or {})}
+
+
+def pinned(claim: dict[str, Any] | None) -> bool:
+    return any(dra.is_pin(r) for r in ((claim or {}).get("status") or {}).get("reservedFor") or [])
+
+
+def test_the_tasks_sharers_reference_one_claim_that_no_foreign_claim_gets(dra_env: Dra) -> None:  # noqa: F811
+    env = dra_env
+    a, b = env.nodes["a"], env.nodes["b"]
+    # The task's map on two nodes: replicas 3 and 4 share node a's GPU 3.
+    smap = f"0={a}:0,1\n1={b}:2\n2={b}:0,1\n3={a}:3\n4={a}:3\n"
+    env.cluster.apply(env.statefulset("w", smap, 5))
+    for i in range(5):
+        wait_for(lambda i=i: placed_all(env, f"w-{i}"), 120, what=f"w-{i} placed with its claims allocated")
+    shared = "w-3-shared-3"
+    for name in ("w-3", "w-4"):
+        pod = env.pod(name) or {}
+        assert dra.pod_claims(pod) == {"gpu-scheduler-shared-0": shared}, pod["spec"]["resourceClaims"]
+        main = pod["spec"]["containers"][0]
+        assert main["resources"]["claims"] == [{"name": "gpu-scheduler-shared-0"}]
+        assert env.claim(dra.claim_name(name)) is None, f"{name} has a claim of its own"
+    claim = env.claim(shared) or {}
+    index3 = env.devices("a")[3]
+    assert [x.device for x in dra.allocation(claim)] == [index3.name]
+    assert reserved_pods(claim) == {"w-3", "w-4"}, claim["status"]
+    assert claim["metadata"]["annotations"][draclaims.SHARED_ANNOTATION] == f"{a}:3"
+    wait_for(lambda: pinned(env.claim(shared)), 60, what=f"{shared} pinned by its StatefulSet")
+    assert [dra.pod_claims(env.pod("w-0") or {})] == [{"gpu-scheduler": "w-0-gpus"}]
+    no_device_twice(env)
+
+    # Node a's other workload asks for any GPU, four times: w-0 holds indices 0 and 1, the
+    # sharers index 3, so one foreign claim gets index 2 and the others wait.
+    for i in range(4):
+        env.cluster.apply(env.foreign_pod(f"f{i}", "a"))
+    wait_for(
+        lambda: sum(bool(dra.allocation(env.claim(f"f{i}") or {})) for i in range(4)) == 1,
+        60,
+        what="one foreign claim allocated",
+    )
+    wait_for(
+        lambda: all((env.pod(f"f{i}") or {}).get("status", {}).get("conditions") for i in range(4)),
+        60,
+        what="the foreign pods looked at by kube-scheduler",
+    )
+    got = sorted(x.device for i in range(4) for x in dra.allocation(env.claim(f"f{i}") or {}))
+    assert got == [env.devices("a")[2].name], got
+    # One sharer goes (its pod deleted, the StatefulSet makes it again): the other holds the GPU,
+    # and it comes back onto the same claim.
+    uid = claim["metadata"]["uid"]
+    old = (env.pod("w-4") or {})["metadata"]["uid"]
+    env.cluster.kubectl("delete", "pod", "w-4", "-n", env.namespace, "--wait=true")
+    wait_for(
+        lambda: (
+            (env.pod("w-4") or {}).get("metadata", {}).get("uid") not in (None, old)
+            and placed_all(env, "w-4")
+        ),
+        120,
+        what="w-4 recreated and placed on the shared claim again",
+    )
+    again = env.claim(shared) or {}
+    assert again["metadata"]["uid"] == uid, "the shared claim was made anew"
+    got = sorted(x.device for i in range(4) for x in dra.allocation(env.claim(f"f{i}") or {}))
+    assert got == [env.devices("a")[2].name], f"a foreign claim got a sharer's GPU: {got}"
+    no_device_twice(env)
+
+    # The map moves replica 3 to node b's free GPU and drops replica 4 (scaled down to 4): once
+    # both old pods are gone no entry needs the shared claim; it is unpinned and deleted, and
+    # the GPU goes to a foreign pod that waited for it.
+    env.cluster.apply(env.statefulset("w", f"0={a}:0,1\n1={b}:2\n2={b}:0,1\n3={b}:3\n", 4))
+    wait_for(lambda: env.claim(shared) is None, 180, what=f"{shared} released once no sharer needs it")
+    wait_for(lambda: placed_all(env, "w-3"), 120, what="w-3 placed on node b")
+    wait_for(
+        lambda: index3.name in {x.device for i in range(4) for x in dra.allocation(env.claim(f"f{i}") or {})},
+        90,
+        what="a foreign claim allocated the GPU the sharers left",
+    )
+    no_device_twice(env)
+
+
+def test_a_partial_overlap_is_placed_with_one_shared_claim(dra_env: Dra) -> None:  # noqa: F811
+    env = dra_env
+    a = env.nodes["a"]
+    env.cluster.apply(env.statefulset("p", f"0={a}:0,1\n1={a}:1,2", 2))
+    for i in range(2):
+        wait_for(lambda i=i: placed_all(env, f"p-{i}"), 120, what=f"p-{i} placed with its claims allocated")
+    devs = env.devices("a")
+    assert dra.pod_claims(env.pod("p-0") or {}) == {
+        "gpu-scheduler": "p-0-gpus",
+        "gpu-scheduler-shared-0": "p-0-shared-1",
+    }
+    assert dra.pod_claims(env.pod("p-1") or {}) == {
+        "gpu-scheduler": "p-1-gpus",
+        "gpu-scheduler-shared-0": "p-0-shared-1",
+    }
+    assert [x.device for x in dra.allocation(env.claim("p-0-gpus") or {})] == [devs[0].name]
+    assert [x.device for x in dra.allocation(env.claim("p-1-gpus") or {})] == [devs[2].name]
+    assert [x.device for x in dra.allocation(env.claim("p-0-shared-1") or {})] == [devs[1].name]
+    assert reserved_pods(env.claim("p-0-shared-1")) == {"p-0", "p-1"}
+    no_device_twice(env)
+
+
+def test_a_rollout_that_makes_two_replicas_share_finishes(dra_env: Dra) -> None:  # noqa: F811
+    """OrderedReady, RollingUpdate: 3 and 4 had GPUs 3 and 2; the new map gives 4 replica 3's
+    GPU 3 too. The new w-4's shared claim waits for GPU 3, which the outdated w-3's own claim
+    holds (pinned); w-3's new entry holds it through the shared claim, not that one, so the
+    rollout evicts w-3 (EvictedForRollout); its own claim is released, and both end on the
+    shared claim."""
+    env = dra_env
+    a = env.nodes["a"]
+    sts = env.statefulset("w", f"3={a}:3\n4={a}:2", 5)
+    sts["spec"]["podManagementPolicy"] = "OrderedReady"
+    sts["spec"]["ordinals"] = {"start": 3}
+    sts["spec"]["replicas"] = 2
+    env.cluster.apply(sts)
+    for i in (3, 4):
+        wait_for(lambda i=i: placed_all(env, f"w-{i}"), 120, what=f"w-{i} placed")
+    shared = env.statefulset("w", f"3={a}:3\n4={a}:3", 5)
+    shared["spec"]["podManagementPolicy"] = "OrderedReady"
+    shared["spec"]["ordinals"] = {"start": 3}
+    shared["spec"]["replicas"] = 2
+    env.cluster.apply(shared)
+
+    def both_share() -> bool:
+        no_device_twice(env)
+        return all((placed_all(env, f"w-{i}") or {}).keys() == {"w-3-shared-3"} for i in (3, 4))
+
+    wait_for(both_share, 240, what="w-3 and w-4 placed on the one shared claim")
+    assert reserved_pods(env.claim("w-3-shared-3")) == {"w-3", "w-4"}
+    assert env.events("w-3", EVICTED_FOR_ROLLOUT), "the outdated w-3 was not evicted for the rollout"
+    wait_for(lambda: env.claim("w-3-gpus") is None, 90, what="w-3's own claim released")
+    wait_for(lambda: env.claim("w-4-gpus") is None, 90, what="w-4's own claim released")
