@@ -11,11 +11,13 @@ it, and the claim is released once no sharer's entry needs it."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kube_gpu_scheduler.domain import dra, draclaims
 from kube_gpu_scheduler.domain.podinfo import entry_for, pod_map
 from kube_gpu_scheduler.domain.rules.catalogue import EVICTED_FOR_ROLLOUT
+from kube_gpu_scheduler.domain.schedmap import parse
 from tests.integration.test_dra import Dra, dra_env, no_device_twice  # noqa: F401  (the fixture)
 from tests.support.waiting import wait_for
 
@@ -177,3 +179,64 @@ def test_a_rollout_that_makes_two_replicas_share_finishes(dra_env: Dra) -> None:
     assert env.events("w-3", EVICTED_FOR_ROLLOUT), "the outdated w-3 was not evicted for the rollout"
     wait_for(lambda: env.claim("w-3-gpus") is None, 90, what="w-3's own claim released")
     wait_for(lambda: env.claim("w-4-gpus") is None, 90, what="w-4's own claim released")
+
+
+def test_the_policy_gives_each_pod_the_claims_of_the_python_layout(dra_env: Dra) -> None:  # noqa: F811
+    """The injection policy (CEL, at admission) and kube_gpu_scheduler.domain.draclaims agree on
+    every pod's claims: sharing, partial overlaps, several groups, names by UUID and PCI bus ID,
+    `;`-separated entries, comments, whitespace and leading zeros, a node whose name is another's
+    prefix. Each map's pods are dry-run through the real apiserver in one request per map."""
+    env = dra_env
+    a = env.nodes["a"]
+    uuid = "GPU-8A3C0000-0000-0000-0000-0000000000AB"
+    maps = [
+        f"0={a}:0,1\n1={a}:2\n3={a}:3\n4={a}:3\n",
+        f"0={a}:4,5\n1={a}:5,6\n",
+        f"5={a}:10,1,7,3\n2={a}:3,7,10\n9={a}:3\n",
+        f"0={a}:{uuid}\n1={a}:{uuid.lower()}\n2={a}:GPU-8a3c0000-0000-0000-0000-0000000000ac\n",
+        f"0={a}:0000:3B:00.0, 00000000:86:00.0\n1={a}:00000000:3b:00.0\n",
+        f" 0 = {a} : 1 ; 1={a}:1,2 # 2={a}:2\n002={a}:2 ;3={a}x:1\n# 4={a}:1\n",
+        f"0={a}:1\n1={a}0:1\n2={a}:1,3\n",
+        f"0={a}:7\n1={env.nodes['b']}:7\n",
+    ]
+    for text in maps:
+        smap = parse(text)
+        pods = []
+        for ordinal in smap:
+            pod = probe_pod(env, f"sh-{ordinal}", ordinal, text)
+            pods.append(pod)
+        out = env.cluster.kubectl(
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}),
+        )
+        got = json.loads(out.stdout)
+        items = got["items"] if got.get("kind") == "List" else [got]
+        for item in items:
+            name = item["metadata"]["name"]
+            ordinal = int(item["metadata"]["labels"]["apps.kubernetes.io/pod-index"])
+            want = [
+                {"name": p.ref, "resourceClaimName": p.name} for p in draclaims.layout(smap, ordinal, name)
+            ]
+            assert item["spec"].get("resourceClaims") == want, (text, name)
+            for container in item["spec"]["containers"]:
+                assert container["resources"]["claims"] == [{"name": p["name"]} for p in want], (text, name)
+
+
+def probe_pod(env: Dra, name: str, ordinal: int, text: str) -> dict[str, Any]:
+    sts = env.statefulset("sh", text, 1)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": env.namespace,
+            "labels": {"apps.kubernetes.io/pod-index": str(ordinal)},
+            "annotations": {"gpu-scheduling-map": text},
+        },
+        "spec": sts["spec"]["template"]["spec"],
+    }
