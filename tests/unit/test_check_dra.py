@@ -231,6 +231,17 @@ def test_wait_ready_in_dra_mode_waits_for_the_claim_reference() -> None:
     assert injection_problem(dry_run_answer(claim=False, env=cuda), e, t.mode, 0, True) is not None
     assert injection_problem(dry_run_answer(), e, "cuda", 0, False) is not None
     assert "ResourceClaim reference" in injected_text(e, t.mode, True)
+    # A probe whose GPUs its map shares comes back with its shared claim only: every container
+    # must list it.
+    shared = dry_run_answer()
+    shared["spec"]["resourceClaims"] = [
+        {"name": "gpu-scheduler-shared-0", "resourceClaimName": "p-0-shared-1"}
+    ]
+    for c in shared["spec"]["containers"]:
+        c["resources"] = {"claims": [{"name": "gpu-scheduler-shared-0"}]}
+    assert injection_problem(shared, e, t.mode, 0, t.dra) is None
+    shared["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu-scheduler"}]}
+    assert "not listing claim gpu-scheduler-shared-0" in str(injection_problem(shared, e, t.mode, 0, t.dra))
 
 
 def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
