@@ -231,9 +231,6 @@ class ClaimIndex:
         """The DRA replicas whose pod references claim ``claim`` (``ns/name``): a shared claim's sharers."""
         return self._pod_claims.keys(claim)
 
-    def claims_used_by(self, pod: str) -> frozenset[str]:
-        return self._pod_claims.values(pod)
-
     def pods_of(self, statefulset_uid: str) -> set[str]:
         return self._pod_sets.keys(statefulset_uid)
 

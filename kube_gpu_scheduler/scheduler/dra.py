@@ -404,7 +404,7 @@ class ClaimController(ClaimWrites):
                     "claim made for another entry waits for its pods",
                     extra={"claim": f"{namespace}/{name}", "madeFor": made_for, "want": want, "users": users},
                 )
-                if not it.bound:
+                if part.shared and not it.bound:  # its other sharers may be outdated replicas
                     self.waits.replaced(pod, it.ordinal, it.entry, claim, users)
                 return Next.DONE  # the old replica still runs with it; its going updates the claim
             done = self._unpin(claim, delete=True)
