@@ -170,3 +170,49 @@ def test_a_shared_claim_the_map_still_shares_stays_pinned_between_pods() -> None
     w.drain()
     assert w.ctl.process(f"claim:{NS}/w-3-shared-1") is Next.DONE
     assert w.writer.calls[calls:] == [("put_reserved", "ns/w-3-shared-1"), ("delete", "ns/w-3-shared-1")]
+
+
+def test_a_shared_claim_made_for_an_earlier_map_evicts_its_outdated_sharer() -> None:
+    """The map adds GPU 2 to the group 3 and 4 share (its name stays w-3-shared-1): the new w-4
+    finds the claim made for n1:1 and used by the outdated w-3, whose own new entry wants it
+    otherwise; the rollout evicts w-3, and once no pod uses the claim it is made again."""
+    old, new = SHARED, "3=n1:1,2\n4=n1:1,2\n"
+    w = World()
+    w.sets.put(statefulset(smap=old, replicas=5))
+    w.pods.put(sharer("w-3", old))
+    w.drain()
+    w.ctl.process("pod:ns/w-3")
+    body = w.writer.bodies[0]
+    p3 = w.pods.put(sharer("w-3", old, revision="w-old", gated=False, node="n1"))
+    made(w, body, users=(p3,), pinned=True)
+    w.sets.put(statefulset(smap=new, replicas=5))
+    w.pods.put(sharer("w-4", new))
+    w.drain()
+    calls = len(w.writer.calls)
+    assert w.ctl.process("pod:ns/w-4") is Next.DONE
+    assert w.writer.calls[calls:] == [("evict", "ns/w-3")]
+    [note] = w.events.notes(GPU_ALLOCATED_ELSEWHERE)
+    assert (
+        "ResourceClaim ns/w-3-shared-1, which its map shares with other replicas, was made for an earlier map"
+        in note
+    )
+    assert "used by pod ns/w-3" in note and "evicted it" in note, note
+    # w-3 is gone: the claim is unpinned, deleted, and made again for n1:1,2.
+    w.pods.delete(p3)
+    made(w, body, pinned=True)
+    w.drain()
+    assert w.ctl.process("pod:ns/w-4") is Next.DONE
+    assert w.writer.calls[calls + 1 :] == [("put_reserved", "ns/w-3-shared-1"), ("delete", "ns/w-3-shared-1")]
+    # A sharer of the update revision is never evicted: the maps then give that claim twice.
+    w2 = World()
+    w2.sets.put(statefulset(smap=new, replicas=5))
+    w2.pods.put(sharer("w-3", old))
+    w2.drain()
+    w2.ctl.process("pod:ns/w-3")
+    p3 = w2.pods.put(sharer("w-3", old, gated=False, node="n1"))  # revision w-new, an old map
+    made(w2, w2.writer.bodies[0], users=(p3,), pinned=True)
+    w2.pods.put(sharer("w-4", new))
+    w2.drain()
+    calls = len(w2.writer.calls)
+    assert w2.ctl.process("pod:ns/w-4") is Next.DONE
+    assert ("evict", "ns/w-3") not in w2.writer.calls[calls:]
