@@ -214,8 +214,12 @@ def test_the_policy_gives_each_pod_the_claims_of_the_python_layout(dra_env: Dra)
             "-",
             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}),
         )
-        got = json.loads(out.stdout)
-        items = got["items"] if got.get("kind") == "List" else [got]
+        items, at, decoder = [], 0, json.JSONDecoder()
+        while out.stdout[at:].strip():  # kubectl prints one JSON document per pod
+            doc, end = decoder.raw_decode(out.stdout[at:].lstrip())
+            at = len(out.stdout) - len(out.stdout[at:].lstrip()) + end
+            items.extend(doc["items"] if doc.get("kind") == "List" else [doc])
+        assert len(items) == len(smap), (text, len(items))
         for item in items:
             name = item["metadata"]["name"]
             ordinal = int(item["metadata"]["labels"]["apps.kubernetes.io/pod-index"])
