@@ -15,7 +15,9 @@ import json
 from typing import Any
 
 from kube_gpu_scheduler.domain import dra, draclaims
+from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 from kube_gpu_scheduler.domain.podinfo import entry_for, pod_map
+from kube_gpu_scheduler.domain.rules import GANG_WAITING
 from kube_gpu_scheduler.domain.rules.catalogue import EVICTED_FOR_ROLLOUT
 from kube_gpu_scheduler.domain.schedmap import parse
 from tests.integration.test_dra import Dra, dra_env, no_device_twice  # noqa: F401  (the fixture)
@@ -244,3 +246,41 @@ def probe_pod(env: Dra, name: str, ordinal: int, text: str) -> dict[str, Any]:
         },
         "spec": sts["spec"]["template"]["spec"],
     }
+
+
+def test_a_gang_whose_replicas_share_is_placed_all_or_none(dra_env: Dra) -> None:  # noqa: F811
+    """Replicas 0 and 1 of a gang share a GPU, replica 2 wants the GPU a foreign claim holds: no
+    gate opens (the shared claim is made but never allocated); the foreign claim's release
+    places all three, the shared claim reserved for both sharers."""
+    env = dra_env
+    a = env.nodes["a"]
+    env.cluster.apply(env.foreign_pod("f0", "a"))
+    wait_for(lambda: dra.allocation(env.claim("f0") or {}), 60, what="f0 allocated")
+    devices = env.devices("a")
+    held = next(x.device for x in dra.allocation(env.claim("f0") or {}))
+    held_index = next(i for i, d in enumerate(devices) if d.name == held)
+    free_index = next(i for i, d in enumerate(devices) if d.name != held)
+    sts = env.statefulset("g", f"0={a}:{free_index}\n1={a}:{free_index}\n2={a}:{held_index}", 3)
+    sts["spec"]["template"]["metadata"]["annotations"][GANG_ANNOTATION] = "true"
+    env.cluster.apply(sts)
+    shared = f"g-0-shared-{free_index}"
+
+    def waiting(name: str) -> bool:
+        return any(
+            n.startswith(GANG_WAITING) and f"replica 2 (2={a}:{held_index})" in n and "is allocated to" in n
+            for n in env.events(name, "FailedScheduling")
+        )
+
+    for name in ("g-0", "g-1", "g-2"):
+        wait_for(lambda name=name: waiting(name), 60, what=f"{GANG_WAITING} on {name} naming replica 2")
+    assert env.claim(shared) is not None, "the sharers' claim was not made"
+    assert all(dra.gated(env.pod(f"g-{i}") or {}) for i in range(3)), (
+        "a gate opened while the gang could not be placed"
+    )
+    assert not dra.allocation(env.claim(shared) or {})
+    env.cluster.kubectl("delete", "pod", "f0", "-n", env.namespace, "--wait=true")
+    env.cluster.kubectl("delete", "resourceclaim", "f0", "-n", env.namespace, "--wait=true")
+    for i in range(3):
+        wait_for(lambda i=i: placed_all(env, f"g-{i}"), 90, what=f"g-{i} placed once the GPU is free")
+    assert reserved_pods(env.claim(shared)) == {"g-0", "g-1"}
+    no_device_twice(env)
