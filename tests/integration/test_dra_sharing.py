@@ -284,3 +284,40 @@ def test_a_gang_whose_replicas_share_is_placed_all_or_none(dra_env: Dra) -> None
         wait_for(lambda i=i: placed_all(env, f"g-{i}"), 90, what=f"g-{i} placed once the GPU is free")
     assert reserved_pods(env.claim(shared)) == {"g-0", "g-1"}
     no_device_twice(env)
+
+
+def test_a_rotation_involving_a_shared_gpu_finishes(dra_env: Dra) -> None:  # noqa: F811
+    """OrderedReady, RollingUpdate: replica 0 had index 0, replicas 1 and 2 shared index 1; the
+    new map gives 0 index 1 and makes 1 and 2 share index 0. Each waiting replica of the new
+    revision has the outdated holder of its GPU evicted, the old claims are released, and all
+    three end on their new claims; no device is ever allocated twice."""
+    env = dra_env
+    a = env.nodes["a"]
+
+    def sts(text: str) -> dict[str, Any]:
+        s = env.statefulset("w", text, 3)
+        s["spec"]["podManagementPolicy"] = "OrderedReady"
+        return s
+
+    env.cluster.apply(sts(f"0={a}:0\n1={a}:1\n2={a}:1"))
+    for i in range(3):
+        wait_for(lambda i=i: placed_all(env, f"w-{i}"), 120, what=f"w-{i} placed")
+    assert reserved_pods(env.claim("w-1-shared-1")) == {"w-1", "w-2"}
+    new = f"0={a}:1\n1={a}:0\n2={a}:0"
+    env.cluster.apply(sts(new))
+
+    def rotated() -> bool:
+        no_device_twice(env)
+        want = {0: {"w-0-gpus"}, 1: {"w-1-shared-0"}, 2: {"w-1-shared-0"}}
+        return all(
+            (env.pod(f"w-{i}") or {}).get("metadata", {}).get("annotations", {}).get("gpu-scheduling-map")
+            == new
+            and (placed_all(env, f"w-{i}") or {}).keys() == names
+            for i, names in want.items()
+        )
+
+    wait_for(rotated, 240, what="the three replicas placed on their new claims")
+    devs = env.devices("a")
+    assert [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == [devs[1].name]
+    assert [x.device for x in dra.allocation(env.claim("w-1-shared-0") or {})] == [devs[0].name]
+    wait_for(lambda: env.claim("w-1-shared-1") is None, 90, what="the old shared claim released")
