@@ -4,7 +4,10 @@ In DRA mode (``GPU_SCHEDULER_DRA``, chart ``dra.enabled``) the injection policy 
 mapped replica to kube-scheduler, pinned to its node, with a reference to the claim
 ``<pod>-gpus`` (kube_gpu_scheduler.domain.dra). This controller, on the leader only:
 
-* makes that claim from the pod's entry, resolved against its node's ResourceSlices
+* makes that claim (and, where the map shares GPUs between replicas, the shared claims the
+  pod references: :mod:`kube_gpu_scheduler.domain.draclaims`; one claim per group of GPUs the
+  same replicas name, made by whichever sharer comes first) from the pod's entry, resolved
+  against its node's ResourceSlices
   (one request per GPU, each a CEL selector on the device's UUID or PCI bus ID); a name
   that does not resolve gets a ``GPUNotPublished`` Event saying which and why, and the
   claim is made as soon as a slice publishes it (a claim not yet allocated whose GPU its
