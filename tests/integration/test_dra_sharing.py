@@ -21,6 +21,7 @@ from kube_gpu_scheduler.domain.rules import GANG_WAITING
 from kube_gpu_scheduler.domain.rules.catalogue import EVICTED_FOR_ROLLOUT
 from kube_gpu_scheduler.domain.schedmap import parse
 from tests.integration.test_dra import Dra, dra_env, no_device_twice  # noqa: F401  (the fixture)
+from tests.support.mapcorpus import large_map
 from tests.support.waiting import wait_for
 
 
@@ -321,3 +322,46 @@ def test_a_rotation_involving_a_shared_gpu_finishes(dra_env: Dra) -> None:  # no
     assert [x.device for x in dra.allocation(env.claim("w-0-gpus") or {})] == [devs[1].name]
     assert [x.device for x in dra.allocation(env.claim("w-1-shared-0") or {})] == [devs[0].name]
     wait_for(lambda: env.claim("w-1-shared-1") is None, 90, what="the old shared claim released")
+
+
+def test_the_largest_maps_are_admitted_in_dra_mode_within_the_cost_limits(dra_env: Dra) -> None:  # noqa: F811
+    """The claims' CEL reads the lines that name the replica's node: the largest map the
+    apiserver stores (256 KiB, 2 entries per node), a 3,000-entry map whose 10 nodes' GPUs are
+    each shared by ~37 replicas, and 6,000 entries on one node sharing its 8 GPUs, are admitted
+    (dry run) with the claims of the Python layout, for their first and their last ordinal.
+    Past that (256 KiB of entries all on one node, ~11,000 replicas on 8 GPUs) the policy's
+    CEL cost limit is reached and the pod is refused: never admitted without its claims."""
+    env = dra_env
+    a = env.nodes["a"]
+    limit = 256 * 1024 - len("gpu-scheduling-map")
+    crowded = "".join(f"{o}={a}:{o % 8}\n" for o in range(30000))
+    crowded = crowded[: crowded.rfind("\n", 0, limit) + 1]
+    maps = {
+        "256 KiB": large_map(limit),
+        "3,000 entries, 10 nodes": "".join(f"{o}=node-{o % 10}:{(o // 10) % 8}\n" for o in range(3000)),
+        "6,000 entries on one node": "".join(f"{o}={a}:{o % 8}\n" for o in range(6000)),
+        "256 KiB on one node": crowded,
+    }
+    for label, text in maps.items():
+        smap = parse(text)
+        for ordinal in (min(smap), max(smap)):
+            name = f"big-{ordinal}"
+            out = env.cluster.kubectl(
+                "create",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-f",
+                "-",
+                input=json.dumps(probe_pod(env, name, ordinal, text)),
+                check=False,
+            )
+            if label == "256 KiB on one node":
+                assert out.returncode != 0 and "-inject" in out.stderr, (label, ordinal, out.stdout[:200])
+                continue
+            assert out.returncode == 0, (label, ordinal, out.stderr[-500:])
+            got = json.loads(out.stdout)["spec"].get("resourceClaims")
+            want = [
+                {"name": p.ref, "resourceClaimName": p.name} for p in draclaims.layout(smap, ordinal, name)
+            ]
+            assert got == want, (label, ordinal)
