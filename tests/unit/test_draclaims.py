@@ -122,3 +122,18 @@ def test_every_gpu_is_in_exactly_one_claim_and_every_sharer_references_the_same_
     # Two GPUs in different claims never share a claim name.
     every = {name: gpus for claims in by_gpu.values() for name, gpus in claims}
     assert len(every) == len({(n, g) for claims in by_gpu.values() for n, g in claims})
+
+
+def test_pod_claims_reads_the_own_and_the_shared_references_only() -> None:
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                {"name": "gpu-scheduler", "resourceClaimName": "w-0-gpus"},
+                {"name": "gpu-scheduler-shared-0", "resourceClaimName": "w-0-shared-5"},
+                {"name": "users-own", "resourceClaimName": "theirs"},
+                {"name": "gpu-scheduler-shared-1", "resourceClaimTemplateName": "a-template"},
+            ]
+        }
+    }
+    assert dra.pod_claims(pod) == {"gpu-scheduler": "w-0-gpus", "gpu-scheduler-shared-0": "w-0-shared-5"}
+    assert dra.pod_claims({"spec": {}}) == {}
