@@ -1,8 +1,9 @@
 """``verify-release`` in DRA mode: each replica's ResourceClaim against what its node publishes.
 
-A pod checked in DRA mode (``--mode dra``, or in ``auto`` one that references its claim) must
-reference the claim ``<pod>-gpus`` from the pod and each container; the claim must be allocated
-exactly the devices the pod's entry resolves to on its node (the node's ResourceSlices read with
+A pod checked in DRA mode (``--mode dra``, or in ``auto`` one that references its claims) must
+reference its claims from the pod and each container: ``<pod>-gpus``, and where its map shares
+GPUs the shared claims of :mod:`kube_gpu_scheduler.domain.draclaims`; each claim must be allocated
+exactly the devices its GPUs resolve to on the node (the node's ResourceSlices read with
 :mod:`kube_gpu_scheduler.domain.dra`, as the scheduler resolves them) and reserved for this pod.
 """
 
@@ -17,10 +18,10 @@ from kubernetes.client.exceptions import ApiException
 
 from kube_gpu_scheduler.check.results import Result
 from kube_gpu_scheduler.check.settings import DRA_MODE
-from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain import dra, draclaims
 from kube_gpu_scheduler.domain.injection import pod_containers
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.schedmap import Entry
+from kube_gpu_scheduler.domain.schedmap import Entry, SchedulingMap
 from kube_gpu_scheduler.kube.errors import api_error
 
 
@@ -43,43 +44,50 @@ DRA_RBAC_HINT = (
 
 
 def pod_mode(pod: Mapping[str, Any], mode: str) -> str:
-    """``dra`` for a pod checked in DRA mode: ``--mode dra``, or in auto a pod that references its claim."""
-    if mode == DRA_MODE or (mode == "auto" and dra.pod_claim_name(pod) is not None):
+    """``dra`` for a pod checked in DRA mode: ``--mode dra``, or in auto a pod that references its claims."""
+    if mode == DRA_MODE or (mode == "auto" and dra.pod_claims(pod)):
         return DRA_MODE
     return mode
 
 
 def dra_results(
-    pod: Mapping[str, Any], entry: Entry, who: str, state: DraState
+    pod: Mapping[str, Any], entry: Entry, who: str, state: DraState, smap: SchedulingMap | None = None
 ) -> tuple[list[Result], str | None, str | None]:
     """The DRA checks of one pod; also the devices it got and the devices its entry names
-    (``gpu-2,gpu-0``: device names, map order) for the table."""
+    (``gpu-2,gpu-0``: device names, map order) for the table.
+
+    Its claims are those of :func:`kube_gpu_scheduler.domain.draclaims.layout` (``smap``, the
+    map it is checked against; the entry's alone without it): its own ``<pod>-gpus`` and one
+    per group of GPUs it shares with other replicas, each checked alike."""
     view = Pod(pod)
     name = str(view.name)
-    want_claim = dra.claim_name(name)
-    have_claim = dra.pod_claim_name(pod)
+    parts = draclaims.layout(smap or SchedulingMap({entry.ordinal: entry}), entry.ordinal, name)
+    want_refs = {p.ref: p.name for p in parts}
+    have_refs = dra.pod_claims(pod)
     results = [
         Result(
             "dra:claim-ref",
-            want_claim,
-            have_claim,
-            have_claim == want_claim,
+            want_refs,
+            have_refs,
+            have_refs == want_refs,
             who,
-            {"field": f"spec.resourceClaims[name={dra.POD_CLAIM}].resourceClaimName"},
+            {"field": "spec.resourceClaims[].resourceClaimName"},
         )
     ]
     missing = [
         str(c.get("name"))
         for c in pod_containers(view.spec)
-        if not any(
-            isinstance(ref, Mapping) and ref.get("name") == dra.POD_CLAIM
+        if not set(want_refs)
+        <= {
+            str(ref.get("name"))
             for ref in (c.get("resources") or {}).get("claims") or []
-        )
+            if isinstance(ref, Mapping)
+        }
     ]
     results.append(
         Result(
             "dra:container-claims",
-            f"every container lists claim {dra.POD_CLAIM} in resources.claims",
+            f"every container lists claims {', '.join(want_refs)} in resources.claims",
             {"without": missing},
             not missing,
             who,
@@ -106,49 +114,58 @@ def dra_results(
             results.append(Result("dra:devices", str(entry), str(err), False, who))
         else:
             expected_shown = ",".join(d.name for d in resolved)
-    if have_claim is None:
-        return results, None, expected_shown
-    claim = state.claims.get(have_claim)
-    if claim is None:
-        results.append(
-            Result(
-                "dra:claim",
-                f"ResourceClaim {view.namespace}/{have_claim}",
-                state.claim_errors.get(have_claim, "not found"),
-                False,
-                who,
-            )
-        )
-        return results, None, expected_shown
-    got = dra.allocation(claim)
-    shown = ",".join(a.device for a in sorted(got, key=lambda a: a.request)) or None
-    if resolved is not None:
-        results.append(
-            Result(
-                "dra:allocation",
-                [f"{d.pool}/{d.name}" for d in resolved],
-                [f"{a.pool}/{a.device}" for a in sorted(got, key=lambda a: a.request)],
-                dra.matches(claim, entry, resolved),
-                who,
-                {"claim": have_claim, "devices": [d.describe() for d in resolved]},
-            )
-        )
+    of = dict(zip(entry.gpus, resolved or (), strict=False))
+    got_all: dict[Any, str] = {}
     uid = view.meta.get("uid")
-    reserved = [
-        r
-        for r in (claim.get("status") or {}).get("reservedFor") or []
-        if isinstance(r, Mapping) and r.get("resource") == "pods"
-    ]
-    results.append(
-        Result(
-            "dra:reserved",
-            f"pods/{name}",
-            [f"pods/{r.get('name')}" for r in reserved],
-            any(r.get("name") == name and (not uid or r.get("uid") == uid) for r in reserved),
-            who,
-            {"claim": have_claim},
+    for part in parts:
+        if have_refs.get(part.ref) != part.name:
+            continue
+        claim = state.claims.get(part.name)
+        if claim is None:
+            results.append(
+                Result(
+                    "dra:claim",
+                    f"ResourceClaim {view.namespace}/{part.name}",
+                    state.claim_errors.get(part.name, "not found"),
+                    False,
+                    who,
+                )
+            )
+            continue
+        got = sorted(dra.allocation(claim), key=lambda a: a.request)
+        for gpu, a in zip(part.entry.gpus, got, strict=False):
+            got_all[gpu] = a.device
+        if resolved is not None:
+            wanted = [of[g] for g in part.entry.gpus]
+            extra: dict[str, Any] = {"claim": part.name, "devices": [d.describe() for d in wanted]}
+            if part.shared:
+                extra["sharedBy"] = list(part.sharers)
+            results.append(
+                Result(
+                    "dra:allocation",
+                    [f"{d.pool}/{d.name}" for d in wanted],
+                    [f"{a.pool}/{a.device}" for a in got],
+                    dra.matches(claim, part.entry, wanted),
+                    who,
+                    extra,
+                )
+            )
+        reserved = [
+            r
+            for r in (claim.get("status") or {}).get("reservedFor") or []
+            if isinstance(r, Mapping) and r.get("resource") == "pods"
+        ]
+        results.append(
+            Result(
+                "dra:reserved",
+                f"pods/{name}",
+                [f"pods/{r.get('name')}" for r in reserved],
+                any(r.get("name") == name and (not uid or r.get("uid") == uid) for r in reserved),
+                who,
+                {"claim": part.name},
+            )
         )
-    )
+    shown = ",".join(got_all[g] for g in entry.gpus if g in got_all) or None
     return results, shown, expected_shown
 
 
@@ -177,10 +194,7 @@ def fetch_dra(api: Any, pods: Sequence[Mapping[str, Any]], namespace: str) -> tu
     except ApiException as err:
         state.slices_error = f"{err.status} {err.reason}: list resourceslices.resource.k8s.io"
         forbidden = forbidden or api_error(err).denied
-    for pod in pods:
-        name = dra.pod_claim_name(pod)
-        if name is None or name in state.claims:
-            continue
+    for name in dict.fromkeys(n for pod in pods for n in dra.pod_claims(pod).values()):
         try:
             state.claims[name] = raw_json(
                 resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)

@@ -207,7 +207,9 @@ def evaluate_release(
         checked_as = pod_mode(pod, mode)
         if entry is not None and checked_as == DRA_MODE:
             results.append(Result("node", entry.node, node, node == entry.node, who))
-            found, devices_shown, expected_devices = dra_results(pod, entry, who, dra_state or DraState())
+            found, devices_shown, expected_devices = dra_results(
+                pod, entry, who, dra_state or DraState(), smap
+            )
             results.extend(found)
             for container in spec.get("containers") or []:
                 for r in env_results(entry, DRA_MODE, _container_env(container), who):

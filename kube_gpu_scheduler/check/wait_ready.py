@@ -154,18 +154,22 @@ def _shown(value: str | None) -> str:
 
 
 def _dra_problem(pod: Mapping[str, Any], what: str) -> str | None:
-    """DRA mode: the pod references its claim, every container lists it and has
-    CUDA_DEVICE_ORDER=PCI_BUS_ID and no CUDA_VISIBLE_DEVICES."""
-    if dra.pod_claim_name(pod) is None:
+    """DRA mode: the pod references its claims (its own, or where the map shares its GPUs the
+    shared ones), every container lists them all and has CUDA_DEVICE_ORDER=PCI_BUS_ID and no
+    CUDA_VISIBLE_DEVICES."""
+    refs = dra.pod_claims(pod)
+    if not refs:
         return (
             f"{what} came back without its ResourceClaim (spec.resourceClaims[name={dra.POD_CLAIM}]): "
             "the injection policy does not run in DRA mode (the scheduler chart's dra.enabled) yet"
         )
     for container in pod_containers(pod.get("spec")):
         claims = (container.get("resources") or {}).get("claims") or []
-        if not any(isinstance(c, Mapping) and c.get("name") == dra.POD_CLAIM for c in claims):
+        listed = {str(c.get("name")) for c in claims if isinstance(c, Mapping)}
+        if not set(refs) <= listed:
             return (
-                f"{what} came back with container {container.get('name')} not listing claim {dra.POD_CLAIM}"
+                f"{what} came back with container {container.get('name')} not listing claim "
+                f"{', '.join(sorted(set(refs) - listed))}"
             )
         env = plain_env(container)
         if env.get(CUDA_DEVICE_ORDER) != PCI_BUS_ID:

@@ -200,8 +200,13 @@ def claim_body(
     owner: Mapping[str, Any] | None,
     device_class: str = DEVICE_CLASS,
     driver: str = DRIVER,
+    made_for: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The ResourceClaim that asks for exactly ``devices`` (resolved from ``entry``), one request each."""
+    """The ResourceClaim that asks for exactly ``devices`` (resolved from ``entry``), one request each.
+
+    ``made_for``: the annotation that says what it was made for (a shared claim's,
+    :attr:`kube_gpu_scheduler.domain.draclaims.Part.made_for`); else :data:`ENTRY_ANNOTATION`."""
+    key, value = made_for or (ENTRY_ANNOTATION, str(entry))
     requests = [
         {
             "name": request_name(i),
@@ -219,7 +224,7 @@ def claim_body(
         "namespace": namespace,
         "labels": {MANAGED_BY_LABEL: MANAGED_BY},
         "annotations": {
-            ENTRY_ANNOTATION: str(entry),
+            key: value,
             DEVICES_ANNOTATION: ", ".join(f"{entry.node}/{d.describe()}" for d in devices),
         },
     }
@@ -282,6 +287,19 @@ def pod_claim_name(pod: Mapping[str, Any]) -> str | None:
             value = ref.get("resourceClaimName")
             return value if isinstance(value, str) else None
     return None
+
+
+def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The claims the admission policy gave the pod: reference name -> claim name, for its own
+    claim (:data:`POD_CLAIM`) and its shared ones (``gpu-scheduler-shared-<i>``)."""
+    out: dict[str, str] = {}
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if not isinstance(ref, Mapping) or not isinstance(ref.get("resourceClaimName"), str):
+            continue
+        name = str(ref.get("name", ""))
+        if name == POD_CLAIM or name.startswith(POD_CLAIM + "-shared-"):
+            out[name] = ref["resourceClaimName"]
+    return out
 
 
 def gated(pod: Mapping[str, Any]) -> bool:

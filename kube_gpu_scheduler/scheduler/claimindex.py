@@ -127,6 +127,7 @@ class ClaimIndex:
         self._rules: Relation[str] = Relation()  # DeviceTaintRule -> the pools it may taint, or ANY
         self._pod_nodes: Relation[str] = Relation()  # DRA pod key -> {its entry's node}
         self._pod_sets: Relation[str] = Relation()  # DRA pod key -> {its StatefulSet's UID}
+        self._pod_claims: Relation[str] = Relation()  # DRA pod key -> the keys of the claims it references
         self._waits: Relation[DeviceKey] = Relation()  # DRA pod key -> devices held by others
 
     # -- claims ------------------------------------------------------------------------------
@@ -213,8 +214,11 @@ class ClaimIndex:
         node, owner = entry_node(pod), statefulset_uid(pod, controller=True)
         self._pod_nodes.put(key, [node] if node else [])
         self._pod_sets.put(key, [owner] if owner else [])
+        namespace = Meta(pod).namespace
+        self._pod_claims.put(key, {f"{namespace}/{name}" for name in dra.pod_claims(pod).values()})
 
     def forget_pod(self, key: str) -> None:
+        self._pod_claims.drop(key)
         self._pod_nodes.drop(key)
         self._pod_sets.drop(key)
         self._waits.drop(key)
@@ -222,6 +226,10 @@ class ClaimIndex:
     def pods_on(self, *nodes: str) -> set[str]:
         """The DRA replicas whose entry is on one of ``nodes``."""
         return self._pod_nodes.keys(*nodes)
+
+    def pods_using(self, claim: str) -> set[str]:
+        """The DRA replicas whose pod references claim ``claim`` (``ns/name``): a shared claim's sharers."""
+        return self._pod_claims.keys(claim)
 
     def pods_of(self, statefulset_uid: str) -> set[str]:
         return self._pod_sets.keys(statefulset_uid)

@@ -4,7 +4,10 @@ In DRA mode (``GPU_SCHEDULER_DRA``, chart ``dra.enabled``) the injection policy 
 mapped replica to kube-scheduler, pinned to its node, with a reference to the claim
 ``<pod>-gpus`` (kube_gpu_scheduler.domain.dra). This controller, on the leader only:
 
-* makes that claim from the pod's entry, resolved against its node's ResourceSlices
+* makes that claim (and, where the map shares GPUs between replicas, the shared claims the
+  pod references: :mod:`kube_gpu_scheduler.domain.draclaims`; one claim per group of GPUs the
+  same replicas name, made by whichever sharer comes first) from the pod's entry, resolved
+  against its node's ResourceSlices
   (one request per GPU, each a CEL selector on the device's UUID or PCI bus ID); a name
   that does not resolve gets a ``GPUNotPublished`` Event saying which and why, and the
   claim is made as soon as a slice publishes it (a claim not yet allocated whose GPU its
@@ -46,21 +49,20 @@ retried with its own capped backoff. The writes go through
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain import dra, draclaims
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.podinfo import entry_for
+from kube_gpu_scheduler.domain.podinfo import entry_for, pod_map
 from kube_gpu_scheduler.domain.rules.catalogue import (
     ALLOCATED_GPU_GONE,
-    CLAIM_CREATED,
     CLAIM_NOT_OURS,
     CLAIM_REPLACED,
     GPU_NOT_PUBLISHED,
@@ -69,13 +71,14 @@ from kube_gpu_scheduler.domain.schedmap import Entry, MapError
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import Obj, object_key
-from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, is_ours
+from kube_gpu_scheduler.scheduler.claimindex import ClaimIndex, claim_pod, is_ours
 from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
 from kube_gpu_scheduler.scheduler.dragang import DraGangs
 from kube_gpu_scheduler.scheduler.drahandlers import CLAIM, POD, Cache, DraHandlers, Handler
 from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
-from kube_gpu_scheduler.scheduler.drataints import Tainted, TaintedGpus, evicting, tainted
+from kube_gpu_scheduler.scheduler.drataints import TaintedGpus, evicting, tainted
 from kube_gpu_scheduler.scheduler.drawaits import DeviceWaits
+from kube_gpu_scheduler.scheduler.drawrites import ClaimWrites, Next
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.eviction import Evictions, Evictor
 from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
@@ -83,17 +86,49 @@ from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
 log = logging.getLogger("gpu_scheduler.dra")
 
 
-class Next(enum.Enum):
-    DONE = "done"  # nothing left to do until a watched object changes
-    AGAIN = "again"  # changed under us, or an API error: retry with this key's backoff
-    WAITING = "waiting"  # waits for a device another claim holds: retry with backoff too
+def needed(claim: Mapping[str, Any], sts: Mapping[str, Any]) -> bool:
+    """Whether the StatefulSet's map (its template's) still gives a replica below its replica count
+    this claim: an own claim, to its ordinal (whatever GPUs: a replica's next pod replaces it); a
+    shared one, to the sharers of its GPUs, grouped as it is. True where the map does not parse."""
+    cview = Pod(claim)
+    replicas = int(((sts.get("spec") or {}).get("replicas")) or 0)
+    try:
+        smap = pod_map((sts.get("spec") or {}).get("template", {}).get("metadata"))
+    except MapError:
+        return True
+    asks = draclaims.claim_asks(claim)
+    if smap is None or asks is None:
+        return True
+    if not draclaims.is_shared(claim):
+        name = cview.name or ""
+        pod_name = name.removesuffix(dra.CLAIM_SUFFIX)
+        if asks.ordinal >= replicas:
+            return False
+        return any(p.name == name for p in draclaims.layout(smap, asks.ordinal, pod_name))
+    part = draclaims.shared_part(smap, Pod(sts).name or "", asks.node, asks.gpus[0])
+    return part is not None and part.name == cview.name and part.sharers[0] < replicas
 
 
 def _terminal(pod: Mapping[str, Any]) -> bool:
     return Pod(pod).phase in ("Succeeded", "Failed")
 
 
-class ClaimController:
+@dataclass(frozen=True)
+class Replica:
+    """The replica a worker looks at: its pod, its entry, and that entry resolved on its node."""
+
+    pod: Obj
+    ordinal: int
+    entry: Entry
+    resolved: list[dra.Device] | None
+    unresolved: str  # why it does not resolve ("" when it does)
+
+    @property
+    def bound(self) -> bool:
+        return bool(Pod(self.pod).node_name)
+
+
+class ClaimController(ClaimWrites):
     """Makes, pins, replaces and explains the replicas' ResourceClaims (see the module doc)."""
 
     def __init__(
@@ -237,15 +272,24 @@ class ClaimController:
         if pod is None or Pod(pod).deleting or _terminal(pod):
             return Next.DONE
         view = Pod(pod)
-        name = dra.pod_claim_name(pod)
-        namespace = view.namespace or ""
-        if not name:
+        refs = dra.pod_claims(pod)
+        if not refs:
             return Next.DONE
         try:
             ordinal, entry = entry_for(view.meta)
+            smap = pod_map(view.meta)
         except MapError:
             return Next.DONE  # the map policy refuses such a pod; nothing of ours to make
-        if entry is None or ordinal is None:
+        if entry is None or ordinal is None or smap is None:
+            return Next.DONE
+        parts = draclaims.layout(smap, ordinal, view.name or "")
+        if {p.ref: p.name for p in parts} != refs:
+            # Admitted by another policy than this release's (or written by hand): never placed
+            # as if its claims were right; its gate stays closed.
+            log.warning(
+                "the pod's ResourceClaims are not those its map gives it",
+                extra={"pod": key, "claims": refs, "want": {p.ref: p.name for p in parts}},
+            )
             return Next.DONE
         devices = self.devices(entry.node)
         try:
@@ -253,95 +297,26 @@ class ClaimController:
             unresolved = ""
         except dra.Unresolved as err:
             resolved, unresolved = None, str(err)
-        claim = self.claims.get(f"{namespace}/{name}")
-        bound = bool(view.node_name)
-        if claim is None:
-            if bound:
-                return Next.DONE
-            if resolved is None:
-                self._events.warning(
-                    pod,
-                    GPU_NOT_PUBLISHED,
-                    f"{GPU_NOT_PUBLISHED}: replica {ordinal} (entry '{entry}') waits: {unresolved}. Its "
-                    f"ResourceClaim {namespace}/{name} is made as soon as the node's ResourceSlices publish it.",
-                )
-                return Next.DONE
-            return self._create(pod, namespace, name, entry, resolved)
-        cview = Pod(claim)
-        if not is_ours(claim):
-            self._events.warning(
-                pod,
-                CLAIM_NOT_OURS,
-                f"{CLAIM_NOT_OURS}: ResourceClaim {namespace}/{name} was not made by gpu-scheduler, so "
-                f"it may not ask for the GPUs of entry '{entry}': delete it and the replica gets its own.",
-            )
-            return Next.DONE
-        if cview.deleting:
-            return Next.DONE  # being replaced: made again once it is gone (its deletion enqueues us)
-        made_for = cview.annotations.get(dra.ENTRY_ANNOTATION, "")
-        allocated = bool(dra.allocation(claim))
-        asks = ((claim.get("spec") or {}).get("devices") or {}).get("requests")
-        wanted = dra.claim_body(name, namespace, entry, resolved, owner=None) if resolved else None
-        # The map gave the ordinal other GPUs, or the slices now resolve the entry to other
-        # devices (an index whose PCI order moved) while nothing is allocated yet.
-        asks_moved = wanted is not None and asks != wanted["spec"]["devices"]["requests"]
-        if made_for != str(entry) or (asks_moved and not allocated):
-            users = [str(r.get("name")) for r in dra.pod_refs(claim) if r.get("uid") != view.uid]
-            if bound or users:
-                log.debug(
-                    "claim made for another entry waits for its pods",
-                    extra={
-                        "claim": f"{namespace}/{name}",
-                        "madeFor": made_for,
-                        "entry": str(entry),
-                        "users": users,
-                    },
-                )
-                return Next.DONE  # the old replica still runs with it; its going updates the claim
-            done = self._unpin(claim, delete=True)
-            if done is Next.DONE:
-                why = (
-                    f"it was made for entry '{made_for}'"
-                    if made_for != str(entry)
-                    else "the node's ResourceSlices now resolve the entry to other devices"
-                )
-                self._events.normal(
-                    pod,
-                    CLAIM_REPLACED,
-                    f"{CLAIM_REPLACED}: ResourceClaim {namespace}/{name} is deleted and made again for entry "
-                    f"'{entry}': {why}.",
-                )
-            return done
-        if resolved is None and not allocated and not bound:
-            # Made from a view of the slices that their watch has corrected since (a GPU replaced
-            # just before the replica came): the claim asks for a device no slice publishes, so
-            # kube-scheduler can never allocate it. Delete it; it is made again, for whatever the
-            # slices publish then, as soon as they resolve the entry.
-            done = self._unpin(claim, delete=True)
-            if done is Next.DONE:
-                self._events.warning(
-                    pod,
-                    GPU_NOT_PUBLISHED,
-                    f"{GPU_NOT_PUBLISHED}: replica {ordinal} (entry '{entry}') waits: {unresolved}. Its "
-                    f"ResourceClaim {namespace}/{name}, made before the node's ResourceSlices changed, is "
-                    "deleted and made again as soon as they publish it.",
-                )
-            return done
-        # The entry's devices, and those the claim holds (they differ only after a slice change).
-        found = tainted(
-            [*(resolved or ()), *(d for d in self._allocated(claim, devices) if d not in (resolved or ()))]
-        )
-        if found:
-            if bound and allocated:
-                self.tainted.running(pod, ordinal, entry, claim, found)
-                if evicting(found):
-                    return Next.DONE  # not pinned: Kubernetes evicts it, then the claim is released
-            elif not bound:
-                users = [str(r.get("name")) for r in dra.pod_refs(claim) if r.get("uid") != view.uid]
-                if allocated and evicting(found) and not users:
-                    return self._release_tainted(claim, pod, found, entry.node)
-                self.tainted.waits(pod, ordinal, entry, claim, found, users=users)
-                return Next.DONE  # the gate stays closed; the taint's going queues the replica
+        of = dict(zip(entry.gpus, resolved or (), strict=False))
+        it = Replica(pod, ordinal, entry, resolved, unresolved)
+        claims: list[tuple[draclaims.Part, Obj]] = []
+        made = False
+        for part in parts:
+            wanted = [of[g] for g in part.entry.gpus] if resolved is not None else None
+            claim = self.claims.get(f"{view.namespace}/{part.name}")
+            if claim is None:
+                if it.bound:
+                    return Next.DONE
+                if wanted is None:
+                    return self._not_published(it, part.name)
+                made = self._create(pod, part, wanted) or made
+                continue
+            step = self._check(it, part, claim, wanted, devices)
+            if step is not None:
+                return step
+            claims.append((part, claim))
+        if made:
+            return Next.DONE  # each claim's arrival enqueues the replica again
         if dra.gated(pod):
             if not self.gangs.may_open(pod):
                 return Next.WAITING  # a gang member: all its gates open together (dragang.py)
@@ -349,20 +324,30 @@ class ClaimController:
                 return Next.AGAIN  # changed or gone under us: look again
             log.info("opened the scheduling gate", extra={"pod": key})
             return Next.DONE  # kube-scheduler takes it from here; its answer updates the pod
-        if allocated:
+        done = Next.DONE
+        waiting: list[tuple[draclaims.Part, Obj]] = []
+        for part, claim in claims:
+            if not dra.allocation(claim):
+                waiting.append((part, claim))
+                continue
             if resolved is None:
                 self._events.warning(
                     pod,
                     ALLOCATED_GPU_GONE,
-                    f"{ALLOCATED_GPU_GONE}: ResourceClaim {namespace}/{name} is allocated, but {unresolved}. "
-                    "The allocation stays (kube-scheduler gives its devices to nobody else); delete the pod "
-                    "once the node publishes the GPU again, or change the map.",
+                    f"{ALLOCATED_GPU_GONE}: ResourceClaim {view.namespace}/{part.name} is allocated, but "
+                    f"{unresolved}. The allocation stays (kube-scheduler gives its devices to nobody else); "
+                    "delete the pod once the node publishes the GPU again, or change the map.",
                 )
             ref = dra.statefulset_ref(pod)
-            if ref is not None and self._statefulset(namespace, ref) is not None:
-                return self._ensure_pin(claim, str(ref.get("name")), str(ref.get("uid")))
-            return Next.DONE
-        if bound or resolved is None:
+            if (
+                ref is not None
+                and self._statefulset(view.namespace or "", ref) is not None
+                and self._ensure_pin(claim, str(ref.get("name")), str(ref.get("uid"))) is Next.AGAIN
+            ):
+                done = Next.AGAIN
+        if not waiting or done is Next.AGAIN:
+            return done
+        if it.bound or resolved is None:
             if resolved is None:
                 self._events.warning(
                     pod,
@@ -370,8 +355,108 @@ class ClaimController:
                     f"{GPU_NOT_PUBLISHED}: replica {ordinal} (entry '{entry}') waits: {unresolved}.",
                 )
             return Next.DONE
-        held = self.waits.explain(pod, ordinal, entry, resolved, f"{namespace}/{name}")
+        wanted = [of[g] for part, _ in waiting for g in part.entry.gpus]
+        own = {object_key(claim) for _, claim in claims}
+        held = self.waits.explain(pod, ordinal, entry, wanted, own)
         return Next.WAITING if held else Next.DONE
+
+    def _not_published(self, it: Replica, name: str) -> Next:
+        namespace = Pod(it.pod).namespace
+        self._events.warning(
+            it.pod,
+            GPU_NOT_PUBLISHED,
+            f"{GPU_NOT_PUBLISHED}: replica {it.ordinal} (entry '{it.entry}') waits: {it.unresolved}. Its "
+            f"ResourceClaim {namespace}/{name} is made as soon as the node's ResourceSlices publish it.",
+        )
+        return Next.DONE
+
+    def _check(
+        self,
+        it: Replica,
+        part: draclaims.Part,
+        claim: Obj,
+        wanted: list[dra.Device] | None,
+        devices: list[dra.Device],
+    ) -> Next | None:
+        """One existing claim of the replica: None when it asks for the part and nothing keeps the
+        replica from going on, else what to do."""
+        pod, view, cview = it.pod, Pod(it.pod), Pod(claim)
+        namespace, name = view.namespace or "", part.name
+        if not is_ours(claim):
+            self._events.warning(
+                pod,
+                CLAIM_NOT_OURS,
+                f"{CLAIM_NOT_OURS}: ResourceClaim {namespace}/{name} was not made by gpu-scheduler, so "
+                f"it may not ask for the GPUs of entry '{it.entry}': delete it and the replica gets its own.",
+            )
+            return Next.DONE
+        if cview.deleting:
+            return Next.DONE  # being replaced: made again once it is gone (its deletion enqueues us)
+        key, want = part.made_for
+        made_for = cview.annotations.get(key, "")
+        allocated = bool(dra.allocation(claim))
+        asks = ((claim.get("spec") or {}).get("devices") or {}).get("requests")
+        body = dra.claim_body(name, namespace, part.entry, wanted, owner=None) if wanted else None
+        # The map gave the ordinal other GPUs, or the slices now resolve the entry to other
+        # devices (an index whose PCI order moved) while nothing is allocated yet.
+        asks_moved = body is not None and asks != body["spec"]["devices"]["requests"]
+        users = [str(r.get("name")) for r in dra.pod_refs(claim) if r.get("uid") != view.uid]
+        if made_for != want or (asks_moved and not allocated):
+            if it.bound or users:
+                log.debug(
+                    "claim made for another entry waits for its pods",
+                    extra={"claim": f"{namespace}/{name}", "madeFor": made_for, "want": want, "users": users},
+                )
+                if part.shared and not it.bound:  # its other sharers may be outdated replicas
+                    self.waits.replaced(pod, it.ordinal, it.entry, claim, users)
+                return Next.DONE  # the old replica still runs with it; its going updates the claim
+            done = self._unpin(claim, delete=True)
+            if done is Next.DONE:
+                what = "" if part.shared else "entry "
+                why = (
+                    f"it was made for {what}'{made_for}'"
+                    if made_for != want
+                    else "the node's ResourceSlices now resolve the entry to other devices"
+                )
+                self._events.normal(
+                    pod,
+                    CLAIM_REPLACED,
+                    f"{CLAIM_REPLACED}: ResourceClaim {namespace}/{name} is deleted and made again for "
+                    f"{what}'{want}': {why}.",
+                )
+            return done
+        if wanted is None and not allocated and not it.bound:
+            # Made from a view of the slices that their watch has corrected since (a GPU replaced
+            # just before the replica came): the claim asks for a device no slice publishes, so
+            # kube-scheduler can never allocate it. Delete it; it is made again, for whatever the
+            # slices publish then, as soon as they resolve the entry.
+            if users:
+                return Next.DONE
+            done = self._unpin(claim, delete=True)
+            if done is Next.DONE:
+                self._events.warning(
+                    pod,
+                    GPU_NOT_PUBLISHED,
+                    f"{GPU_NOT_PUBLISHED}: replica {it.ordinal} (entry '{it.entry}') waits: {it.unresolved}. "
+                    f"Its ResourceClaim {namespace}/{name}, made before the node's ResourceSlices changed, is "
+                    "deleted and made again as soon as they publish it.",
+                )
+            return done
+        # The part's devices, and those the claim holds (they differ only after a slice change).
+        found = tainted(
+            [*(wanted or ()), *(d for d in self._allocated(claim, devices) if d not in (wanted or ()))]
+        )
+        if found:
+            if it.bound and allocated:
+                self.tainted.running(pod, it.ordinal, it.entry, claim, found)
+                if evicting(found):
+                    return Next.DONE  # not pinned: Kubernetes evicts it, then the claim is released
+            elif not it.bound:
+                if allocated and evicting(found) and not users:
+                    return self._release_tainted(claim, pod, found, it.entry.node)
+                self.tainted.waits(pod, it.ordinal, it.entry, claim, found, users=users)
+                return Next.DONE  # the gate stays closed; the taint's going queues the replica
+        return None
 
     # -- a claim of ours ------------------------------------------------------------------------
 
@@ -383,10 +468,17 @@ class ClaimController:
         cview = Pod(claim)
         pins = [r for r in (claim.get("status") or {}).get("reservedFor") or [] if dra.is_pin(r)]
         owner = next((o for o in cview.owner_references if o.get("kind") == "StatefulSet"), None)
-        pod_name = (cview.name or "").removesuffix(dra.CLAIM_SUFFIX)
-        pod = self.pods.get(f"{cview.namespace}/{pod_name}")
+        # The replicas whose pod references it (an own claim's, or a shared claim's sharers).
+        pods = [
+            p
+            for k in self.index.pods_using(key) | {claim_pod(claim) or ""}
+            if (p := self.pods.get(k)) is not None
+            and cview.name in dra.pod_claims(p).values()
+            and not Pod(p).deleting
+            and not _terminal(p)
+        ]
         if owner is None:  # a replica no StatefulSet owns: never pinned, deleted with its pod
-            if pod is None and not dra.pod_refs(claim) and not cview.deleting:
+            if not pods and not dra.pod_refs(claim) and not cview.deleting:
                 return self._unpin(claim, delete=True)
             return Next.DONE
         sts = self._statefulset(cview.namespace or "", owner)
@@ -394,67 +486,11 @@ class ClaimController:
             if pins:
                 return self._unpin(claim, delete=sts is None and not cview.deleting)
             return Next.DONE
-        ordinal = dra.entry_ordinal(cview.annotations.get(dra.ENTRY_ANNOTATION, ""))
-        replicas = int(((sts.get("spec") or {}).get("replicas")) or 0)
-        if pod is None and not dra.pod_refs(claim) and ordinal is not None and ordinal >= replicas:
-            return self._unpin(claim, delete=True)  # scaled away: its GPUs go back to everyone
-        entry = dra.made_for(claim)
-        if entry is not None and not dra.pod_refs(claim) and not (pod and Pod(pod).node_name):
+        if not pods and not dra.pod_refs(claim) and not needed(claim, sts):
+            return self._unpin(claim, delete=True)  # scaled away, or no entry names it: its GPUs go back
+        entry = draclaims.claim_asks(claim)
+        if entry is not None and not dra.pod_refs(claim) and not any(Pod(p).node_name for p in pods):
             found = evicting(tainted(self._allocated(claim, self.devices(entry.node))))
             if found:  # a NoExecute GPU, no pod left on it: the pin must not keep it allocated
-                return self._release_tainted(claim, pod, found, entry.node)
-        return Next.DONE
-
-    # -- writes ----------------------------------------------------------------------------
-
-    def _create(self, pod: Obj, namespace: str, name: str, entry: Entry, devices: list[dra.Device]) -> Next:
-        ref = dra.statefulset_ref(pod)
-        owner = (
-            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": ref["name"], "uid": ref["uid"]}
-            if ref is not None
-            else None
-        )
-        body = dra.claim_body(
-            name, namespace, entry, devices, owner=owner, device_class=self.device_class, driver=self.driver
-        )
-        if not self._writer.create(body):
-            return Next.DONE  # already made (our watch is behind): its arrival enqueues the replica
-        log.info("made ResourceClaim", extra={"claim": f"{namespace}/{name}", "entry": str(entry)})
-        self._events.normal(
-            pod,
-            CLAIM_CREATED,
-            f"{CLAIM_CREATED}: ResourceClaim {namespace}/{name} asks for "
-            + ", ".join(f"{entry.node}/{d.describe()}" for d in devices)
-            + f" (entry '{entry}'); kube-scheduler allocates it.",
-        )
-        return Next.DONE
-
-    def _ensure_pin(self, claim: Obj, sts_name: str, sts_uid: str) -> Next:
-        reserved = list((claim.get("status") or {}).get("reservedFor") or [])
-        if any(dra.is_pin(r) and r.get("uid") == sts_uid for r in reserved):
-            return Next.DONE
-        if not self._writer.put_reserved(claim, [*reserved, dra.pin(sts_name, sts_uid)]):
-            return Next.AGAIN  # changed under us: look again
-        log.info("pinned ResourceClaim", extra={"claim": object_key(claim), "statefulset": sts_name})
-        return Next.DONE
-
-    def _release_tainted(self, claim: Obj, pod: Obj | None, found: list[Tainted], node: str) -> Next:
-        done = self._unpin(claim, delete=True)
-        if done is Next.DONE:
-            log.info("released a claim on a NoExecute-tainted GPU", extra={"claim": object_key(claim)})
-            if pod is not None:
-                self.tainted.released(pod, claim, found, node)
-        return done
-
-    def _unpin(self, claim: Obj, *, delete: bool) -> Next:
-        reserved = list((claim.get("status") or {}).get("reservedFor") or [])
-        kept = [r for r in reserved if not dra.is_pin(r)]
-        if len(kept) != len(reserved):
-            if not self._writer.put_reserved(claim, kept):
-                return Next.AGAIN
-            log.info("unpinned ResourceClaim", extra={"claim": object_key(claim)})
-        if delete and not Pod(claim).deleting:
-            if not self._writer.delete(claim):
-                return Next.AGAIN
-            log.info("deleted ResourceClaim", extra={"claim": object_key(claim)})
+                return self._release_tainted(claim, pods[0] if pods else None, found, entry.node)
         return Next.DONE

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from kube_gpu_scheduler.domain import dra
+from kube_gpu_scheduler.domain import dra, draclaims
 from kube_gpu_scheduler.domain.gang import Blocked, GangKey, gang_note, gang_of, missing, replica_ordinals
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.podinfo import entry_for, ordinal_of
+from kube_gpu_scheduler.domain.podinfo import entry_for, ordinal_of, pod_map
 from kube_gpu_scheduler.domain.rules import FAILED_SCHEDULING, GANG_WAITING
 from kube_gpu_scheduler.domain.schedmap import MapError
 from kube_gpu_scheduler.scheduler.claimindex import DeviceKey
@@ -107,10 +107,22 @@ class DraGangs:
             entry = None
         if entry is None:
             return Blocked(ordinal, None, "", "no entry in the map")
-        own = f"{view.namespace}/{dra.pod_claim_name(member)}"
-        claim = self._c.claims.get(own)
-        if claim is None or Pod(claim).annotations.get(dra.ENTRY_ANNOTATION) != str(entry):
-            return Blocked(ordinal, entry, "", f"its ResourceClaim {own} is not made for its entry yet")
+        try:
+            smap = pod_map(view.meta)
+        except MapError:
+            smap = None
+        parts = draclaims.layout(smap, ordinal, view.name or "") if smap is not None else []
+        own = {f"{view.namespace}/{p.name}" for p in parts}
+        for part in parts:
+            claim = self._c.claims.get(f"{view.namespace}/{part.name}")
+            annotation, want = part.made_for
+            if claim is None or Pod(claim).annotations.get(annotation) != want:
+                return Blocked(
+                    ordinal,
+                    entry,
+                    "",
+                    f"its ResourceClaim {view.namespace}/{part.name} is not made for its entry yet",
+                )
         try:
             devices = dra.resolve(entry, self._c.devices(entry.node))
         except dra.Unresolved as err:
@@ -125,7 +137,7 @@ class DraGangs:
             wanted.append((Blocked(ordinal, entry, "", promised), key))
             for holder in self._c.index.holders(key):
                 other = self._c.claims.get(holder)
-                if holder != own and other is not None and dra.allocation(other):
+                if holder not in own and other is not None and dra.allocation(other):
                     return Blocked(
                         ordinal, entry, "", f"{device.describe()} is allocated to ResourceClaim {holder}"
                     )

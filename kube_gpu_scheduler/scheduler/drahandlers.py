@@ -6,8 +6,8 @@ Keys: ``pod:ns/name`` (a DRA replica), ``claim:ns/name`` (a claim gpu-scheduler 
 | change | enqueues |
 |---|---|
 | a DRA replica added, or changed in what the controller reads | that replica |
-| a DRA replica deleted | its claim |
-| a claim added, changed in what the controller reads (not its finalizers alone), or deleted | the replica it serves (``<pod>-gpus``), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
+| a DRA replica deleted | its claims |
+| a claim added, changed in what the controller reads (not its finalizers alone), or deleted | the replicas it serves (``<pod>-gpus``; a shared claim's sharers), the claim itself if it is ours, and the replicas waiting for a device its allocation no longer gives it |
 | a ResourceSlice of our driver on node N (its devices, their taints) | the replicas whose entry is on N, and the claims of ours allocated in its pool |
 | a DeviceTaintRule added, deleted, or changed in its selector or taint | the replicas whose entry is on a node with a pool it selects (selected), and the claims of ours allocated there |
 | a StatefulSet added, deleted, or changed in what the controller reads | its replicas and its claims |
@@ -131,10 +131,11 @@ class DraHandlers:
         self._index.forget_pod(key)
         self._backoff.forget(POD + key)
         view = Pod(pod)
-        # A claim whose replica is gone may be released (scaled away, no StatefulSet).
-        self._queue.add(
-            f"{CLAIM}{view.namespace}/{dra.pod_claim_name(pod) or dra.claim_name(view.name or '')}"
-        )
+        # A claim whose replica is gone may be released (scaled away, no StatefulSet, a shared
+        # claim no sharer needs any more).
+        names = set(dra.pod_claims(pod).values()) or {dra.claim_name(view.name or "")}
+        for name in sorted(names):
+            self._queue.add(f"{CLAIM}{view.namespace}/{name}")
 
     # -- claims --------------------------------------------------------------------------------
 
@@ -156,6 +157,8 @@ class DraHandlers:
 
     def _claim_seen(self, claim: Obj, freed: Iterable[DeviceKey]) -> None:
         self._pods(self._index.waiting_for(freed))
+        # The replicas that reference it: its own replica, or a shared claim's sharers.
+        self._pods(self._index.pods_using(object_key(claim)))
         pod = claim_pod(claim)
         if pod is not None:
             self._queue.add(POD + pod)

@@ -23,8 +23,10 @@ and the next retry asks again) only when all of these hold:
   deletes each pod) and its ordinal at or above the partition;
 * its own entry in the new map no longer holds that GPU (``keeps``, which the path gives: the
   ledger's ``node:gpu``; in DRA mode the device, against the entry resolved on its node's
-  published devices): evicted, it comes back at the new revision wanting other GPUs, so no
-  replica moves twice. Where its new entry is not known (no ordinal, a map that does not
+  published devices, and through the same claim: a GPU its new map shares with the waiting
+  replica is held through their shared claim, not its own, and a shared claim made for an
+  earlier map is kept only if its new map wants it as it is): evicted, it comes back at the
+  new revision wanting other GPUs (or other claims), so no replica moves twice. Where its new entry is not known (no ordinal, a map that does not
   parse, GPUs its node does not publish), it is never moved;
 * it was not evicted already: each holder once (by UID).
 

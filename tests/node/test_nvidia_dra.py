@@ -210,3 +210,96 @@ def foreign_pod(name: str, image: str, claim: str = "any-a") -> dict[str, Any]:
             "containers": [{**reporter(image), "resources": {"claims": [{"name": "gpu"}]}}],
         },
     }
+
+
+def node_devices_held(cluster: Cluster) -> dict[str, list[str]]:
+    """device -> the claims (ns/name) allocated it on the real node, across the cluster."""
+    held: dict[str, list[str]] = {}
+    for c in json.loads(cluster.kubectl("get", "resourceclaims", "-A", "-o", "json").stdout)["items"]:
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+            if r.get("pool") == NODE_NAME:
+                held.setdefault(r["device"], []).append(
+                    f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+                )
+    return held
+
+
+def test_two_replicas_that_share_a_gpu_both_see_it_and_no_foreign_claim_gets_it(
+    node_cluster: Cluster, node_namespace: str, product_image: Image, dra_release: str
+) -> None:
+    """The task's sharing under NVIDIA's driver: replicas 0 and 1 both name the node's index 1.
+    Their one shared claim (kube_gpu_scheduler/domain/draclaims.py) is allocated that GPU once and
+    reserved for both; the driver prepares it for both pods, and both containers have the same
+    /dev/nvidia<minor> and NVML sees the same UUID. Foreign claims asking for any GPU get the
+    three others, never that one, also while one sharer is recreated."""
+    driver = node_cluster.nvidia
+    assert driver is not None
+    by_bus = driver.gpus_in_bus_order()
+    gpu = by_bus[1]
+    # The previous test's namespace is going: its claims are released once its StatefulSets are gone.
+    node_cluster.wait_until(lambda: not node_devices_held(node_cluster), 120, "the node's GPUs to be free")
+    ns = node_namespace
+    apply_in(
+        node_cluster,
+        ns,
+        reporting_replicas("share", f"0={NODE_NAME}:1\n1={NODE_NAME}:1", 2, product_image.ref),
+    )
+    for pod in ("share-0", "share-1"):
+        have = seen(node_cluster, ns, pod)
+        assert have["nodes"] == {f"nvidia{gpu.minor}": gpu.minor}, (pod, have)
+        assert have["uuids"] == [gpu.uuid], (pod, have)
+        refs = pod_json(node_cluster, ns, pod)["spec"]["resourceClaims"]
+        assert refs == [{"name": "gpu-scheduler-shared-0", "resourceClaimName": "share-0-shared-1"}], refs
+    claim = json.loads(
+        node_cluster.kubectl("get", "resourceclaim", "-n", ns, "share-0-shared-1", "-o", "json").stdout
+    )
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["pool"], r["device"]) for r in results] == [(NODE_NAME, gpu.name)]
+    assert {r["name"] for r in claim["status"]["reservedFor"] if r.get("resource") == "pods"} == {
+        "share-0",
+        "share-1",
+    }
+    assert node_devices_held(node_cluster)[gpu.name] == [f"{ns}/share-0-shared-1"]
+
+    # Four foreign pods ask for any GPU: three get the three others, the fourth waits.
+    for i in range(4):
+        apply_in(
+            node_cluster,
+            ns,
+            foreign_claim(f"any-{i}"),
+            foreign_pod(f"foreign-{i}", product_image.ref, f"any-{i}"),
+        )
+
+    def scheduled() -> dict[str, bool | None]:
+        out: dict[str, bool | None] = {}
+        for i in range(4):
+            conds = pod_json(node_cluster, ns, f"foreign-{i}")["status"].get("conditions") or []
+            state = next((c.get("status") for c in conds if c.get("type") == "PodScheduled"), None)
+            out[f"foreign-{i}"] = None if state is None else state == "True"
+        return out
+
+    node_cluster.wait_until(
+        lambda: sorted(v for v in scheduled().values() if v is not None) == [False, True, True, True],
+        120,
+        "three foreign pods placed and the fourth refused",
+    )
+    placed = [p for p, v in scheduled().items() if v]
+    minors = {m for p in placed for m in seen(node_cluster, ns, p)["nodes"].values()}
+    assert minors == {g.minor for g in by_bus} - {gpu.minor}, minors
+    # A sharer is recreated: the other holds the claim, the waiting foreign pod still gets nothing.
+    old_uid = pod_json(node_cluster, ns, "share-1")["metadata"]["uid"]
+    node_cluster.kubectl("delete", "pod", "-n", ns, "share-1", "--wait=true")
+    node_cluster.wait_until(
+        lambda: (
+            node_cluster.kubectl(
+                "get", "pod", "-n", ns, "share-1", "-o", "jsonpath={.metadata.uid}", check=False
+            ).stdout
+            not in ("", old_uid)
+        ),
+        60,
+        "the StatefulSet to recreate share-1",
+    )
+    have = seen(node_cluster, ns, "share-1")
+    assert have["nodes"] == {f"nvidia{gpu.minor}": gpu.minor}, have
+    assert node_devices_held(node_cluster)[gpu.name] == [f"{ns}/share-0-shared-1"]
+    assert sum(1 for v in scheduled().values() if v) == 3, scheduled()

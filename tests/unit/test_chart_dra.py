@@ -40,13 +40,18 @@ def test_dra_mode_renders_the_claim_mutation_the_settings_and_the_rbac() -> None
     expression = apply["applyConfiguration"]["expression"]
     for needle in (
         "schedulerName: 'my-kube-scheduler'",
-        "resourceClaimName: object.metadata.name + '-gpus'",
+        "resourceClaims: variables.claims.map(c, Object.spec.resourceClaims{name: c[0], resourceClaimName: c[1]})",
         "schedulingGates: [Object.spec.schedulingGates{name: 'gpu-scheduler.io/claim'}]",
         "'gpu-scheduler.io/dra': 'true'",
-        "claims: [Object.spec.containers.resources.claims{name: 'gpu-scheduler'}]",
-        "claims: [Object.spec.initContainers.resources.claims{name: 'gpu-scheduler'}]",
+        "claims: variables.claims.map(r, Object.spec.containers.resources.claims{name: r[0]})",
+        "claims: variables.claims.map(r, Object.spec.initContainers.resources.claims{name: r[0]})",
     ):
         assert needle in expression, needle
+    # The claims: the own one <pod>-gpus, and one per group of GPUs the same replicas share
+    # (tests/integration/test_dra_sharing.py holds them to kube_gpu_scheduler.domain.draclaims).
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert "['gpu-scheduler', object.metadata.name + '-gpus']" in variables["claims"]
+    assert "'-shared-'" in variables["groups"] and "'gpu-scheduler-shared-'" in variables["claims"]
     assert "CUDA_VISIBLE_DEVICES" not in expression
     assert (
         "key: 'metadata.name', operator: 'In', values: [variables.node]" in patch["jsonPatch"]["expression"]

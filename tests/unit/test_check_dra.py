@@ -231,6 +231,17 @@ def test_wait_ready_in_dra_mode_waits_for_the_claim_reference() -> None:
     assert injection_problem(dry_run_answer(claim=False, env=cuda), e, t.mode, 0, True) is not None
     assert injection_problem(dry_run_answer(), e, "cuda", 0, False) is not None
     assert "ResourceClaim reference" in injected_text(e, t.mode, True)
+    # A probe whose GPUs its map shares comes back with its shared claim only: every container
+    # must list it.
+    shared = dry_run_answer()
+    shared["spec"]["resourceClaims"] = [
+        {"name": "gpu-scheduler-shared-0", "resourceClaimName": "p-0-shared-1"}
+    ]
+    for c in shared["spec"]["containers"]:
+        c["resources"] = {"claims": [{"name": "gpu-scheduler-shared-0"}]}
+    assert injection_problem(shared, e, t.mode, 0, t.dra) is None
+    shared["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu-scheduler"}]}
+    assert "not listing claim gpu-scheduler-shared-0" in str(injection_problem(shared, e, t.mode, 0, t.dra))
 
 
 def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
@@ -243,3 +254,63 @@ def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
     assert "generateName" not in meta and meta["name"].startswith("gpu-scheduler-wait-ready-probe-")
     assert probe_pod(replace(target(), dra=True))["metadata"]["name"] != meta["name"]
     assert "name" not in probe_pod(target())["metadata"]
+
+
+def test_release_dra_replicas_that_share_a_gpu_check_the_one_shared_claim() -> None:
+    """The task's replicas 3 and 4 on node2's index 2 (gpu-0), and a partial overlap: replica 0
+    (index 0 alone, index 1 with replica 1) and replica 1 (index 1 shared, index 3 alone)."""
+    shared_map = "0=node1:0,1\n1=node1:1,3\n3=node2:2\n4=node2:2\n"
+
+    def pod(name: str, node: str, refs: dict[str, str]) -> dict[str, Any]:
+        p = dra_pod(name, node)
+        p["metadata"]["annotations"]["gpu-scheduling-map"] = shared_map
+        p["spec"]["resourceClaims"] = [{"name": k, "resourceClaimName": v} for k, v in refs.items()]
+        p["spec"]["containers"][0]["resources"] = {"claims": [{"name": k} for k in refs]}
+        return p
+
+    def shared(name: str, node: str, devices: list[str], users: list[str]) -> dict[str, Any]:
+        c = claim(users[0], node, devices)
+        c["metadata"]["name"] = name
+        c["status"]["reservedFor"] = [{"resource": "pods", "name": u, "uid": f"uid-{u}"} for u in users]
+        return c
+
+    pods = [
+        pod("w-0", "node1", {"gpu-scheduler": "w-0-gpus", "gpu-scheduler-shared-0": "w-0-shared-1"}),
+        pod("w-1", "node1", {"gpu-scheduler": "w-1-gpus", "gpu-scheduler-shared-0": "w-0-shared-1"}),
+        pod("w-3", "node2", {"gpu-scheduler-shared-0": "w-3-shared-2"}),
+        pod("w-4", "node2", {"gpu-scheduler-shared-0": "w-3-shared-2"}),
+    ]
+    st = DraState(
+        claims={
+            "w-0-gpus": claim("w-0", "node1", ["gpu-0"]),
+            "w-1-gpus": claim("w-1", "node1", ["gpu-3"]),
+            "w-0-shared-1": shared("w-0-shared-1", "node1", ["gpu-1"], ["w-0", "w-1"]),
+            "w-3-shared-2": shared("w-3-shared-2", "node2", ["gpu-0"], ["w-3", "w-4"]),
+        },
+        slices=list(SLICES),
+    )
+    results, rows = evaluate_release(pods, {"w": sts("w", shared_map)}, "ns", dra_state=st)
+    bad = [r.to_json() for r in results if r.ok is False and r.check.startswith("dra:")]
+    assert not bad, bad
+    assert [(r.name, r.devices, r.expected_devices) for r in rows] == [
+        ("w-0", "gpu-0,gpu-1", "gpu-0,gpu-1"),
+        ("w-1", "gpu-1,gpu-3", "gpu-1,gpu-3"),
+        ("w-3", "gpu-0", "gpu-0"),
+        ("w-4", "gpu-0", "gpu-0"),
+    ]
+    # The shared claim not reserved for w-4, then allocated another GPU: w-4 fails, and both.
+    st.claims["w-3-shared-2"] = shared("w-3-shared-2", "node2", ["gpu-0"], ["w-3"])
+    results, _ = evaluate_release(pods, {"w": sts("w", shared_map)}, "ns", dra_state=st)
+    assert {(r.pod, r.check) for r in results if r.ok is False and r.check.startswith("dra:")} == {
+        ("ns/w-4", "dra:reserved")
+    }
+    st.claims["w-3-shared-2"] = shared("w-3-shared-2", "node2", ["gpu-1"], ["w-3", "w-4"])
+    results, _ = evaluate_release(pods, {"w": sts("w", shared_map)}, "ns", dra_state=st)
+    assert {(r.pod, r.check) for r in results if r.ok is False and r.check.startswith("dra:")} == {
+        ("ns/w-3", "dra:allocation"),
+        ("ns/w-4", "dra:allocation"),
+    }
+    # A sharer that references its own claim for the shared GPU (not the policy's layout).
+    pods[3] = pod("w-4", "node2", {"gpu-scheduler": "w-4-gpus"})
+    results, _ = evaluate_release(pods, {"w": sts("w", shared_map)}, "ns", dra_state=st)
+    assert ("ns/w-4", "dra:claim-ref") in {(r.pod, r.check) for r in results if r.ok is False}
