@@ -45,7 +45,7 @@ MUTATING_POLICY_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
 DRA_API = "resource.k8s.io/v1/ResourceClaim"
 
 SCHEDULER_SA = "gpu-scheduler"
-# The scheduler's default Lease name (kube_gpu_scheduler/scheduler/settings.py), which the chart's Role names.
+# The scheduler's default Lease name (kube_gpu_scheduler/scheduler/runtime/settings.py), which the chart's Role names.
 LEASE_NAME = "gpu-scheduler"
 
 

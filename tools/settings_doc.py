@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kube_gpu_scheduler.base.config import markdown_table
 from kube_gpu_scheduler.check import settings as check_settings
-from kube_gpu_scheduler.scheduler import settings as scheduler_settings
+from kube_gpu_scheduler.scheduler.runtime import settings as scheduler_settings
 from kube_gpu_scheduler.webhook import settings as webhook_settings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "dev-interfaces.md"

@@ -1,6 +1,6 @@
 """One way to read settings: a table of (field, environment variable, parser, help), read once.
 
-The scheduler (``kube_gpu_scheduler/scheduler/settings.py``), the webhook (``kube_gpu_scheduler/webhook/settings.py``)
+The scheduler (``kube_gpu_scheduler/scheduler/runtime/settings.py``), the webhook (``kube_gpu_scheduler/webhook/settings.py``)
 and the check program (``kube_gpu_scheduler/check/settings.py``) each declare their
 settings as a tuple of :class:`Setting` rows and build a frozen dataclass from
 :func:`read`. A bad value raises :class:`SettingsError` whose message starts

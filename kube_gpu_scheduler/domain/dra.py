@@ -1,7 +1,7 @@
 """DRA mode: a replica's map entry as a ResourceClaim, and the GPUs a node publishes.
 
 Pure functions over plain dicts (ResourceSlices, ResourceClaims as the API
-returns them), shared by the scheduler's claim controller (kube_gpu_scheduler/scheduler/dra.py),
+returns them), shared by the scheduler's claim controller (kube_gpu_scheduler/scheduler/dra/controller.py),
 the check program and the demo, so all three resolve a map entry the same way.
 
 How an entry's GPU names resolve on its node, against the devices of the DRA

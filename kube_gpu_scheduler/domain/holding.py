@@ -1,7 +1,7 @@
 """What a pod holds: its node and GPUs, read only from what its owner cannot change.
 
 The one reading of "who holds a GPU", for the scheduler's ledger
-(:mod:`kube_gpu_scheduler.scheduler.ledger`), ``gpu-scheduler-map status`` and ``plan``:
+(:mod:`kube_gpu_scheduler.scheduler.state.ledger`), ``gpu-scheduler-map status`` and ``plan``:
 
 * a pod holds GPUs while it is bound (``spec.nodeName``, set once, by the Binding) and
   active (not Succeeded or Failed; a terminating pod still holds them);

@@ -34,9 +34,50 @@ Obj = dict[str, Any]
 
 
 class Handler(Protocol):
+    """THE handler an informer calls (on its own thread): every user of an informer gives one."""
+
     def on_add(self, obj: Obj) -> None: ...
     def on_update(self, old: Obj, new: Obj) -> None: ...
     def on_delete(self, obj: Obj) -> None: ...
+
+
+class Watched(Protocol):
+    """An informer as the scheduler starts, waits for and reports it."""
+
+    synced: threading.Event
+
+    def alive(self) -> bool: ...
+    def start(self, stop: threading.Event) -> threading.Thread: ...
+
+
+class Cache(Watched, Protocol):
+    """What the scheduler reads of an informer (``kube_gpu_scheduler.kube.informer.Informer``)."""
+
+    def get(self, key: str) -> Obj | None: ...
+    def items(self) -> list[Obj]: ...
+    def view(self) -> Mapping[str, Obj]: ...
+    def __len__(self) -> int: ...
+
+
+class Callbacks:
+    """A :class:`Handler` of three functions (add, update, delete)."""
+
+    __slots__ = ("on_add", "on_delete", "on_update")
+
+    def __init__(
+        self, add: Callable[[Obj], None], update: Callable[[Obj, Obj], None], delete: Callable[[Obj], None]
+    ) -> None:
+        self.on_add = add
+        self.on_update = update
+        self.on_delete = delete
+
+
+def _nothing(*_objs: Obj) -> None:
+    return None
+
+
+# For a cache that is only read (the webhook's nodes and grants): no handler work.
+IGNORE = Callbacks(_nothing, _nothing, _nothing)
 
 
 class Gone(Exception):

@@ -24,23 +24,23 @@ from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
 from kube_gpu_scheduler.kube.informer import Informer, Obj
 from kube_gpu_scheduler.kube.tls import server_context
-from kube_gpu_scheduler.scheduler import settings as settings_mod
-from kube_gpu_scheduler.scheduler.binding import PodWriter
-from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
-from kube_gpu_scheduler.scheduler.collector import QuietCollector
-from kube_gpu_scheduler.scheduler.core import Scheduler
-from kube_gpu_scheduler.scheduler.dra import ClaimController
-from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
-from kube_gpu_scheduler.scheduler.events import EventRecorder
-from kube_gpu_scheduler.scheduler.extender import Extender, ExtenderServer
-from kube_gpu_scheduler.scheduler.leader import LeaderElector
-from kube_gpu_scheduler.scheduler.metrics import Metrics
-from kube_gpu_scheduler.scheduler.optin import InjectionScope
-from kube_gpu_scheduler.scheduler.pods import share_map_text
-from kube_gpu_scheduler.scheduler.policystatus import PolicyWriter, TenancyController
-from kube_gpu_scheduler.scheduler.server import HealthServer
-from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
-from kube_gpu_scheduler.scheduler.usage import ASSIGNED_SELECTOR, compact
+from kube_gpu_scheduler.scheduler.dra.controller import ClaimController
+from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
+from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
+from kube_gpu_scheduler.scheduler.placing.core import Scheduler
+from kube_gpu_scheduler.scheduler.placing.extender import Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.placing.optin import InjectionScope
+from kube_gpu_scheduler.scheduler.report.events import EventRecorder
+from kube_gpu_scheduler.scheduler.runtime import settings as settings_mod
+from kube_gpu_scheduler.scheduler.runtime.collector import QuietCollector
+from kube_gpu_scheduler.scheduler.runtime.leader import LeaderElector
+from kube_gpu_scheduler.scheduler.runtime.metrics import Metrics
+from kube_gpu_scheduler.scheduler.runtime.server import HealthServer
+from kube_gpu_scheduler.scheduler.state.binding import PodWriter
+from kube_gpu_scheduler.scheduler.state.pods import share_map_text
+from kube_gpu_scheduler.scheduler.state.usage import ASSIGNED_SELECTOR, compact
+from kube_gpu_scheduler.scheduler.tenancy.holdings import Lookup, Tenancy
+from kube_gpu_scheduler.scheduler.tenancy.status import PolicyWriter, TenancyController
 
 log = logging.getLogger("gpu_scheduler")
 
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extender_server is not None:
         extender_server.start()
     scheduler.start()
-    # Full garbage collections out of the bursts (kube_gpu_scheduler/scheduler/collector.py); the start-up
+    # Full garbage collections out of the bursts (kube_gpu_scheduler/scheduler/runtime/collector.py); the start-up
     # state, frozen once every cache has listed, is never walked again.
     QuietCollector(
         scheduler.placing,

@@ -34,7 +34,6 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from kube_gpu_scheduler.kube import tls
 from kube_gpu_scheduler.webhook import serving_stats
-from kube_gpu_scheduler.webhook.grants import GrantsCache, GrantsLookup, tenancy_lookup
 from kube_gpu_scheduler.webhook.mutate import admit_pod
 from kube_gpu_scheduler.webhook.nodes import NodeCache, NodeLookup
 from kube_gpu_scheduler.webhook.review import (
@@ -48,6 +47,7 @@ from kube_gpu_scheduler.webhook.review import (
     uid_of,
 )
 from kube_gpu_scheduler.webhook.settings import Settings
+from kube_gpu_scheduler.webhook.tenancy import GrantsCache, GrantsLookup, tenancy_lookup
 from kube_gpu_scheduler.webhook.validate import admit_statefulset
 
 log = logging.getLogger("webhook.app")

@@ -28,10 +28,10 @@ from kube_gpu_scheduler.domain.rules import (
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, excerpt
 from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS
-from kube_gpu_scheduler.webhook.grants import GrantsLookup, created_by_statefulset_controller, grant_findings
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, containers, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, list_at, str_dict_at
 from kube_gpu_scheduler.webhook.settings import Settings
+from kube_gpu_scheduler.webhook.tenancy import GrantsLookup, created_by_statefulset_controller, grant_findings
 
 log = logging.getLogger("webhook.mutate")
 

@@ -27,7 +27,7 @@ from kube_gpu_scheduler.domain.resources import node_gpus
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import KubeConfigError, load_client
 from kube_gpu_scheduler.kube.errors import short_error
-from kube_gpu_scheduler.kube.informer import Informer, Obj
+from kube_gpu_scheduler.kube.informer import IGNORE, Informer, Obj
 
 log = logging.getLogger("webhook.nodes")
 
@@ -150,7 +150,7 @@ class NodeCache:
         informer = Informer(
             "nodes",
             api.list_node,
-            _IGNORE,
+            IGNORE,
             page_size=LIST_PAGE,
             watch_timeout=self._watch_timeout_s,
             backoff=Backoff(BACKOFF_FIRST_S, self._backoff_max_s),
@@ -163,22 +163,6 @@ class NodeCache:
         )
         self._informer = informer
         informer.run(self._stop)
-
-
-class _Ignore:
-    """The cache is all the webhook reads: no handler work."""
-
-    def on_add(self, obj: Obj) -> None:
-        pass
-
-    def on_update(self, old: Obj, new: Obj) -> None:
-        pass
-
-    def on_delete(self, obj: Obj) -> None:
-        pass
-
-
-_IGNORE = _Ignore()
 
 
 def _slim(obj: Obj) -> Obj:

@@ -36,11 +36,11 @@ from kube_gpu_scheduler.domain.rules import (
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap
 from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS
-from kube_gpu_scheduler.webhook.grants import GrantsLookup, grant_findings
 from kube_gpu_scheduler.webhook.nodes import NodeLookup, NodeLookupUnavailable
 from kube_gpu_scheduler.webhook.podspec import MAX_WARNING, gpu_resource_policy
 from kube_gpu_scheduler.webhook.review import BadRequest, Request, Verdict, dict_at, str_dict_at
 from kube_gpu_scheduler.webhook.settings import Settings
+from kube_gpu_scheduler.webhook.tenancy import GrantsLookup, grant_findings
 
 log = logging.getLogger("webhook.validate")
 

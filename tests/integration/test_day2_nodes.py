@@ -171,7 +171,7 @@ def test_scale_down_then_up_gives_each_ordinal_its_gpus_back(
     w0 = read_pod(kube, namespace, "w-0")
     assert w0 is not None and w0["metadata"]["uid"] == uids["w-0"], "w-0 was not touched"
     for name, gpus, node in (("w-1", "1,2", a), ("w-2", "3", b)):
-        # Scheduled Events are sent after a burst of placements (kube_gpu_scheduler/scheduler/events.py): wait for them.
+        # Scheduled Events are sent after a burst of placements (kube_gpu_scheduler/scheduler/report/events.py): wait for them.
         wait_for(
             lambda name=name: pod_events(kube, namespace, name, "Scheduled"),
             60,

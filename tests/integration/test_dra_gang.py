@@ -1,6 +1,6 @@
 """Gang placement in DRA mode on the real apiserver, kube-scheduler allocating: no replica's gate
 opens until every replica's claim can be allocated; the release of the blocking device opens
-them all (kube_gpu_scheduler/scheduler/dragang.py)."""
+them all (kube_gpu_scheduler/scheduler/dra/gang.py)."""
 
 from __future__ import annotations
 

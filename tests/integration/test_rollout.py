@@ -1,5 +1,5 @@
 """Day-2: a map edit that moves GPUs between the replicas of one StatefulSet rolls out by itself
-(kube_gpu_scheduler/scheduler/rollout.py), on the real apiserver with the StatefulSet controller and kwok nodes.
+(kube_gpu_scheduler/scheduler/rollout/standalone.py), on the real apiserver with the StatefulSet controller and kwok nodes.
 
 No GPU is ever held by two pods but sharers: a sampler reads every pod of the namespace through the API
 continuously (a list every ~10 ms) during the whole transition (a terminating pod still holds its GPUs) and

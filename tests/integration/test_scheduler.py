@@ -93,7 +93,7 @@ def test_statefulset_replicas_bound_to_mapped_nodes_and_gpus(
     assert metric(scheduler, "gpu_scheduler_leader") == 1
     assert metric(scheduler, "gpu_scheduler_bind_latency_seconds_count") == 3
     lines = [json.loads(line) for line in scheduler.log_path.read_text().splitlines() if line.startswith("{")]
-    # Full garbage collections are the scheduler's (kube_gpu_scheduler/scheduler/collector.py), from the moment
+    # Full garbage collections are the scheduler's (kube_gpu_scheduler/scheduler/runtime/collector.py), from the moment
     # its caches listed: the start-up state frozen, Python's own full passes off.
     (took_over,) = [
         r for r in lines if r["msg"] == "full garbage collections wait until no pod is being placed"
@@ -338,7 +338,7 @@ def test_leader_whose_lease_is_taken_stops_binding_at_once_and_retakes_an_abando
 def test_event_series_updates_are_accepted_by_the_apiserver(
     cluster: Cluster, namespace: str, kube: Any
 ) -> None:
-    from kube_gpu_scheduler.scheduler.events import EventRecorder
+    from kube_gpu_scheduler.scheduler.report.events import EventRecorder
 
     cluster.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("ev", "0=nowhere:0", 1))

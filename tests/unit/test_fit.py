@@ -1,4 +1,4 @@
-"""The fit arithmetic (kube_gpu_scheduler/domain/fit.py) and the node usage index (kube_gpu_scheduler/scheduler/usage.py).
+"""The fit arithmetic (kube_gpu_scheduler/domain/fit.py) and the node usage index (kube_gpu_scheduler/scheduler/state/usage.py).
 
 The cases follow kube-scheduler's own tests of PodRequests, NodeAffinity and NodePorts:
 each expectation is computed by hand from the Kubernetes rules, written next to it.
@@ -14,7 +14,7 @@ from kube_gpu_scheduler.domain import fit
 from kube_gpu_scheduler.domain.fit import HostPort, NodeTotals, PodFootprint
 from kube_gpu_scheduler.domain.rules import INSUFFICIENT_RESOURCES, NODE_AFFINITY, check_fit
 from kube_gpu_scheduler.domain.schedmap import parse
-from kube_gpu_scheduler.scheduler.usage import NodeUsage, compact, footprint
+from kube_gpu_scheduler.scheduler.state.usage import NodeUsage, compact, footprint
 
 GI = 1 << 30
 

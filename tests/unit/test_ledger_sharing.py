@@ -9,9 +9,9 @@ from kubernetes import client
 
 from kube_gpu_scheduler.domain.rules import GPU_SHARING_FORBIDDEN
 from kube_gpu_scheduler.domain.sharing import Member, Sharing, sharing_of
-from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
 from kube_gpu_scheduler.scheduler.main import build
-from kube_gpu_scheduler.scheduler.settings import Settings
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings
+from kube_gpu_scheduler.scheduler.state.ledger import Claim, Ledger
 from localcluster.cluster import gpu_node_manifest
 from tests.support.mapcorpus import TASK_MAP
 

@@ -236,9 +236,9 @@ def _scheduler_pod(text: str) -> dict[str, Any]:
 def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> None:
     from kube_gpu_scheduler.domain.mapcache import parse_cache_clear
     from kube_gpu_scheduler.domain.rules import INVALID_MAP, evaluate
-    from kube_gpu_scheduler.scheduler.binding import MESSAGE_LIMIT, truncate_message
-    from kube_gpu_scheduler.scheduler.events import NOTE_LIMIT, truncate
-    from kube_gpu_scheduler.scheduler.ledger import Ledger
+    from kube_gpu_scheduler.scheduler.report.events import NOTE_LIMIT, truncate
+    from kube_gpu_scheduler.scheduler.state.binding import MESSAGE_LIMIT, truncate_message
+    from kube_gpu_scheduler.scheduler.state.ledger import Ledger
 
     pod = _scheduler_pod(malformed(MIB)[shape])
 
@@ -262,7 +262,7 @@ def test_scheduler_refuses_a_1_mib_map_within_the_issues_bound(shape: str) -> No
 @pytest.mark.parametrize("shape", ["many-bad-lines", "duplicate-ordinals", "duplicate-gpus", "commas"])
 def test_scheduler_message_for_a_map_just_under_the_limit_is_bounded(shape: str) -> None:
     from kube_gpu_scheduler.domain.rules import INVALID_MAP, evaluate
-    from kube_gpu_scheduler.scheduler.ledger import Ledger
+    from kube_gpu_scheduler.scheduler.state.ledger import Ledger
 
     decision = evaluate(_scheduler_pod(malformed(UNDER_CAP)[shape]), {}, Ledger())
     assert decision.reason == INVALID_MAP

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kube_gpu_scheduler",)
 DOC = ROOT / "docs" / "dev-interfaces.md"
-# A module path in backquotes: `kube_gpu_scheduler/check/cli.py`, `kube_gpu_scheduler/scheduler/core.py`.
+# A module path in backquotes: `kube_gpu_scheduler/check/cli.py`, `kube_gpu_scheduler/scheduler/placing/core.py`.
 NAMED = re.compile(r"`((?:" + "|".join(PACKAGES) + r")/[\w/]+\.py)`")
 
 

@@ -10,7 +10,7 @@ from kube_gpu_scheduler.domain import rules
 from kube_gpu_scheduler.domain.injection import desired_env
 from kube_gpu_scheduler.domain.podinfo import entry_for
 from kube_gpu_scheduler.domain.rules import evaluate, tolerates, untolerated_taints
-from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
+from kube_gpu_scheduler.scheduler.state.ledger import Claim, Ledger
 
 
 def node(

@@ -39,9 +39,9 @@ from kube_gpu_scheduler.domain.podinfo import POD_INDEX_LABEL, entry_for
 from kube_gpu_scheduler.domain.resources import GPU_RESOURCE, node_gpus
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError
 from kube_gpu_scheduler.mapcli import cli
-from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
-from kube_gpu_scheduler.scheduler.pods import is_pending
-from kube_gpu_scheduler.scheduler.usage import NodeUsage
+from kube_gpu_scheduler.scheduler.state.ledger import Claim, Ledger
+from kube_gpu_scheduler.scheduler.state.pods import is_pending
+from kube_gpu_scheduler.scheduler.state.usage import NodeUsage
 from kube_gpu_scheduler.webhook.app import create_app
 from kube_gpu_scheduler.webhook.nodes import NodeInfo
 from kube_gpu_scheduler.webhook.settings import Settings

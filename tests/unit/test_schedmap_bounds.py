@@ -344,7 +344,7 @@ def test_parse_cached_from_many_threads() -> None:
 
 def test_equal_map_texts_are_kept_once_by_the_schedulers_pod_cache() -> None:
     from kube_gpu_scheduler.domain.mapcache import parse_cache_clear, shared_text
-    from kube_gpu_scheduler.scheduler.pods import share_map_text
+    from kube_gpu_scheduler.scheduler.state.pods import share_map_text
 
     parse_cache_clear()
     text = "".join(f"{i}=node{i % 7}:{i % 8}\n" for i in range(3000))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kube_gpu_scheduler.scheduler.collector import QuietCollector
+from kube_gpu_scheduler.scheduler.runtime.collector import QuietCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_the_thread_takes_over_only_once_the_caches_are_synced() -> None:
 REAL = textwrap.dedent(
     """
     import gc, json, sys, weakref
-    from kube_gpu_scheduler.scheduler.collector import QuietCollector
+    from kube_gpu_scheduler.scheduler.runtime.collector import QuietCollector
 
     busy = [True]
     ran = []

@@ -28,15 +28,14 @@ from kube_gpu_scheduler.domain.rules.catalogue import (
     GPU_NOT_PUBLISHED,
 )
 from kube_gpu_scheduler.domain.schedmap import parse
-from kube_gpu_scheduler.kube.informer import Handler, object_key
-from kube_gpu_scheduler.scheduler.binding import PodWriter
-from kube_gpu_scheduler.scheduler.claimindex import Relation
-from kube_gpu_scheduler.scheduler.claimwriter import ClaimWriter
-from kube_gpu_scheduler.scheduler.core import Scheduler
-from kube_gpu_scheduler.scheduler.dra import ClaimController, Next
-from kube_gpu_scheduler.scheduler.events import EventRecorder
-from kube_gpu_scheduler.scheduler.interfaces import Cache
-from kube_gpu_scheduler.scheduler.settings import Settings
+from kube_gpu_scheduler.kube.informer import Cache, Handler, object_key
+from kube_gpu_scheduler.scheduler.dra.controller import ClaimController, Next
+from kube_gpu_scheduler.scheduler.dra.index import Relation
+from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
+from kube_gpu_scheduler.scheduler.placing.core import Scheduler
+from kube_gpu_scheduler.scheduler.report.events import EventRecorder
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings
+from kube_gpu_scheduler.scheduler.state.binding import PodWriter
 from localcluster import dra as localdra
 
 NS = "ns"

@@ -18,9 +18,9 @@ from kube_gpu_scheduler.domain.rules.catalogue import (
     GPU_TAINTED,
     TAINTED_CLAIM_RELEASED,
 )
-from kube_gpu_scheduler.scheduler.dra import Next
-from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
-from kube_gpu_scheduler.scheduler.metrics import Metrics
+from kube_gpu_scheduler.scheduler.dra.controller import Next
+from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
+from kube_gpu_scheduler.scheduler.runtime.metrics import Metrics
 from tests.unit.test_scheduler_dra import World, node_slice, replica, statefulset
 
 # -- the domain ----------------------------------------------------------------------------------
@@ -330,7 +330,7 @@ def test_main_build_gives_the_controller_a_devicetaintrule_informer_and_the_sche
 
     from kube_gpu_scheduler.kube.informer import Informer
     from kube_gpu_scheduler.scheduler.main import build
-    from kube_gpu_scheduler.scheduler.settings import Settings
+    from kube_gpu_scheduler.scheduler.runtime.settings import Settings
 
     sched = build(Settings(identity="t", leader_elect=False, dra=True).validate(), client.ApiClient())
     caches = sched.caches()

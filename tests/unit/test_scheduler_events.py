@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kube_gpu_scheduler.scheduler import events as events_module
-from kube_gpu_scheduler.scheduler.events import NOTE_LIMIT, EventRecorder, truncate
+from kube_gpu_scheduler.scheduler.report import events as events_module
+from kube_gpu_scheduler.scheduler.report.events import NOTE_LIMIT, EventRecorder, truncate
 
 
 class Clock:
@@ -150,13 +150,13 @@ def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any)
 
     from kube_gpu_scheduler.domain.rules import Decision
     from kube_gpu_scheduler.domain.schedmap import Entry
-    from kube_gpu_scheduler.scheduler import core
     from kube_gpu_scheduler.scheduler.main import build
-    from kube_gpu_scheduler.scheduler.settings import Settings
+    from kube_gpu_scheduler.scheduler.placing import core
+    from kube_gpu_scheduler.scheduler.runtime.settings import Settings
 
     clock = Clock()
     clock.now = 500.0
-    # Only kube_gpu_scheduler.scheduler.core's clock: the process-wide time.monotonic stays untouched.
+    # Only kube_gpu_scheduler.scheduler.placing.core's clock: the process-wide time.monotonic stays untouched.
     monkeypatch.setattr(core, "time", SimpleNamespace(monotonic=clock))
     sched = build(Settings(identity="me", leader_elect=False).validate(), client.ApiClient())
     assert sched.events.busy is not None and not sched.events.busy()

@@ -1,4 +1,4 @@
-"""The one rollout eviction decision (kube_gpu_scheduler/scheduler/eviction.py), branch by branch,
+"""The one rollout eviction decision (kube_gpu_scheduler/scheduler/rollout/eviction.py), branch by branch,
 and what ``Evictions`` does with it: evict once, name a PodDisruptionBudget, a holder gone.
 
 Both paths ask it: the standalone scheduler (tests/unit/test_scheduler_rollout.py, the holder
@@ -16,8 +16,8 @@ from kubernetes.client import ApiException
 
 from kube_gpu_scheduler.domain.rules import EVICTED_FOR_ROLLOUT
 from kube_gpu_scheduler.domain.schedmap import Entry
-from kube_gpu_scheduler.scheduler import eviction
-from kube_gpu_scheduler.scheduler.eviction import Evictions, Verdict, decide
+from kube_gpu_scheduler.scheduler.rollout import eviction
+from kube_gpu_scheduler.scheduler.rollout.eviction import Evictions, Verdict, decide
 
 NEW_MAP = "0=node2:3\n1=node1:3\n"  # replica 1 (waiting) wants node1:3, which replica 0 holds
 

@@ -14,11 +14,11 @@ import pytest
 from kubernetes import client
 
 from kube_gpu_scheduler.kube.tls import server_context
-from kube_gpu_scheduler.scheduler import settings as settings_mod
-from kube_gpu_scheduler.scheduler.core import Scheduler
-from kube_gpu_scheduler.scheduler.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from kube_gpu_scheduler.scheduler.main import build
-from kube_gpu_scheduler.scheduler.settings import Settings, SettingsError
+from kube_gpu_scheduler.scheduler.placing.core import Scheduler
+from kube_gpu_scheduler.scheduler.placing.extender import MAX_BODY_BYTES, Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.runtime import settings as settings_mod
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings, SettingsError
 from localcluster.cluster import gpu_node_manifest
 from localcluster.pki import LocalPKI
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kube_gpu_scheduler.scheduler.core import Scheduler
-from kube_gpu_scheduler.scheduler.leader import LeaseRecord
 from kube_gpu_scheduler.scheduler.main import build
-from kube_gpu_scheduler.scheduler.metrics import Metrics
-from kube_gpu_scheduler.scheduler.pods import is_pending, pod_signature
-from kube_gpu_scheduler.scheduler.server import HealthServer, Probes
-from kube_gpu_scheduler.scheduler.settings import Settings
+from kube_gpu_scheduler.scheduler.placing.core import Scheduler
+from kube_gpu_scheduler.scheduler.runtime.leader import LeaseRecord
+from kube_gpu_scheduler.scheduler.runtime.metrics import Metrics
+from kube_gpu_scheduler.scheduler.runtime.server import HealthServer, Probes
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings
+from kube_gpu_scheduler.scheduler.state.pods import is_pending, pod_signature
 
 
 class State:
@@ -247,11 +247,11 @@ def test_every_metric_is_in_the_docs_metrics_table() -> None:
     extender's, DRA mode's claim controller's, tenancy's), and nothing that is not served."""
     from pathlib import Path
 
-    from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
-    from kube_gpu_scheduler.scheduler.extender import ExtenderMetrics
-    from kube_gpu_scheduler.scheduler.ledger import Ledger
-    from kube_gpu_scheduler.scheduler.policystatus import TenancyController
-    from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
+    from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
+    from kube_gpu_scheduler.scheduler.placing.extender import ExtenderMetrics
+    from kube_gpu_scheduler.scheduler.state.ledger import Ledger
+    from kube_gpu_scheduler.scheduler.tenancy.holdings import Lookup, Tenancy
+    from kube_gpu_scheduler.scheduler.tenancy.status import TenancyController
 
     metrics = Metrics()
     ExtenderMetrics(metrics)

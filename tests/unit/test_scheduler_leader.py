@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 
 from kube_gpu_scheduler.kube.timefmt import micro_datetime, micro_time, parse_time, rfc3339
-from kube_gpu_scheduler.scheduler.leader import (
+from kube_gpu_scheduler.scheduler.runtime.leader import (
     ABSURD_FACTOR,
     RENEWAL_GRACE,
     LeaderElector,

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kube_gpu_scheduler.domain.injection import CDI_GPU_PREFIX, held_devices, parse_devices
-from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger, claim_of, is_active
+from kube_gpu_scheduler.scheduler.state.ledger import Claim, Ledger, claim_of, is_active
 
 FORGED = "gpu-scheduler/assigned"
 

@@ -1,13 +1,13 @@
 """A pod of ours terminating on a node that is not Ready keeps its GPUs: one Event says so
-(kube_gpu_scheduler/scheduler/lostnode.py), from the pod's update and from the node's, through Scheduler's handlers."""
+(kube_gpu_scheduler/scheduler/report/lostnode.py), from the pod's update and from the node's, through Scheduler's handlers."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
 from kube_gpu_scheduler.domain.rules import NODE_NOT_READY, TERMINATING_ON_NOT_READY_NODE
-from kube_gpu_scheduler.scheduler.events import EventRecorder
-from kube_gpu_scheduler.scheduler.lostnode import LostNodeReports
+from kube_gpu_scheduler.scheduler.report.events import EventRecorder
+from kube_gpu_scheduler.scheduler.report.lostnode import LostNodeReports
 from tests.unit.test_scheduler_process import Events, World, node, pod
 
 

@@ -25,11 +25,11 @@ from kube_gpu_scheduler.domain.rules import (
     NODE_NOT_FOUND,
     NOT_INJECTED,
 )
-from kube_gpu_scheduler.scheduler.binding import BindOutcome, BindResult, PodWriter
-from kube_gpu_scheduler.scheduler.core import Scheduler
-from kube_gpu_scheduler.scheduler.events import EventRecorder
-from kube_gpu_scheduler.scheduler.ledger import Claim
-from kube_gpu_scheduler.scheduler.settings import Settings
+from kube_gpu_scheduler.scheduler.placing.core import Scheduler
+from kube_gpu_scheduler.scheduler.report.events import EventRecorder
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings
+from kube_gpu_scheduler.scheduler.state.binding import BindOutcome, BindResult, PodWriter
+from kube_gpu_scheduler.scheduler.state.ledger import Claim
 from localcluster.cluster import gpu_node_manifest
 
 NAME = "gpu-scheduler"

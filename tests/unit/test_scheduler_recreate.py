@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kube_gpu_scheduler.scheduler.pods import recreate_slot
+from kube_gpu_scheduler.scheduler.state.pods import recreate_slot
 
 
 def pod(namespace: str, owner_uid: str | None) -> dict[str, Any]:

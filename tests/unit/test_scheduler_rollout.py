@@ -1,5 +1,5 @@
 """``RolloutEvictions`` without an apiserver: when the holder of a wanted GPU is evicted so that
-its StatefulSet's rollout goes on, and when it is only named (docs: kube_gpu_scheduler/scheduler/rollout.py)."""
+its StatefulSet's rollout goes on, and when it is only named (docs: kube_gpu_scheduler/scheduler/rollout/standalone.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from kubernetes.client import ApiException
 
 from kube_gpu_scheduler.domain.rules import EVICTED_FOR_ROLLOUT, GPU_IN_USE, Decision, Finding
 from kube_gpu_scheduler.domain.schedmap import Entry
-from kube_gpu_scheduler.scheduler.binding import PodWriter
-from kube_gpu_scheduler.scheduler.events import EventRecorder
-from kube_gpu_scheduler.scheduler.rollout import RolloutEvictions
+from kube_gpu_scheduler.scheduler.report.events import EventRecorder
+from kube_gpu_scheduler.scheduler.rollout.standalone import RolloutEvictions
+from kube_gpu_scheduler.scheduler.state.binding import PodWriter
 
 OLD_MAP = "0=node1:3\n1=node2:3\n"
 NEW_MAP = "0=node2:3\n1=node1:3\n"

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from kube_gpu_scheduler.scheduler.settings import Settings, SettingsError, load
+from kube_gpu_scheduler.scheduler.runtime.settings import Settings, SettingsError, load
 
 
 def test_defaults() -> None:

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from kube_gpu_scheduler.kube.backoff import Backoff
-from kube_gpu_scheduler.scheduler.workqueue import WorkQueue
+from kube_gpu_scheduler.scheduler.runtime.workqueue import WorkQueue
 
 
 class Clock:

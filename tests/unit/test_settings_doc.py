@@ -28,7 +28,7 @@ def test_every_variable_of_the_code_is_in_the_doc_and_back() -> None:
         name for m in SECTION.finditer(text) for name in re.findall(r"^\| `([A-Z_]+)` \|", m["body"], re.M)
     }
     from kube_gpu_scheduler.check import settings as check_settings
-    from kube_gpu_scheduler.scheduler import settings as scheduler_settings
+    from kube_gpu_scheduler.scheduler.runtime import settings as scheduler_settings
     from kube_gpu_scheduler.webhook import settings as webhook_settings
 
     code = {

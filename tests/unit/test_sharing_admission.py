@@ -25,8 +25,8 @@ from kube_gpu_scheduler.domain.schedmap import parse, sharing_problems
 from kube_gpu_scheduler.domain.sharing import RELEASE_FORBIDS, tenant_forbids, warning
 from kube_gpu_scheduler.domain.tenancy import Grants, Policy
 from kube_gpu_scheduler.webhook.app import create_app
-from kube_gpu_scheduler.webhook.grants import STATEFULSET_CONTROLLER
 from kube_gpu_scheduler.webhook.settings import Settings
+from kube_gpu_scheduler.webhook.tenancy import STATEFULSET_CONTROLLER
 from localcluster.admission import admission_review, mapped_pod
 from tests.support.mapcorpus import TASK_MAP
 from tests.unit.test_tenancy_scheduler import NODES, Tenants, policy, replica

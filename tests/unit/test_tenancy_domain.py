@@ -21,7 +21,7 @@ from kube_gpu_scheduler.domain.tenancy import (
     same_status,
     status_of,
 )
-from kube_gpu_scheduler.scheduler.policystatus import REASONS
+from kube_gpu_scheduler.scheduler.tenancy.status import REASONS
 
 
 def policy(name: str, ns: dict[str, Any], nodes: dict[str, Any], **spec: Any) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from kube_gpu_scheduler.domain.injection import desired_env
 from kube_gpu_scheduler.domain.rules import GANG_WAITING
 from kube_gpu_scheduler.domain.schedmap import parse
 from kube_gpu_scheduler.domain.selectors import parse_selector
-from kube_gpu_scheduler.scheduler.optin import InjectionScope
-from kube_gpu_scheduler.scheduler.policystatus import MAX_LAG_S, PolicyCollector, status_due
-from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
+from kube_gpu_scheduler.scheduler.placing.optin import InjectionScope
+from kube_gpu_scheduler.scheduler.tenancy.holdings import Lookup, Tenancy
+from kube_gpu_scheduler.scheduler.tenancy.status import MAX_LAG_S, PolicyCollector, status_due
 from tests.unit.test_scheduler_process import Cache, World, node
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from kube_gpu_scheduler.domain.tenancy import Grants
 from kube_gpu_scheduler.webhook.app import create_app
-from kube_gpu_scheduler.webhook.grants import STATEFULSET_CONTROLLER, GrantsUnavailable
 from kube_gpu_scheduler.webhook.settings import Settings
+from kube_gpu_scheduler.webhook.tenancy import STATEFULSET_CONTROLLER, GrantsUnavailable
 from localcluster.admission import admission_review, mapped_pod
 from tests.unit.test_webhook_validate import Nodes, statefulset
 

@@ -49,10 +49,10 @@ EVICTED_FOR_ROLLOUT = "EvictedForRollout"
 
 # The scheduler's Event on one of its pods that is terminating on a node that is not Ready: it
 # keeps its GPUs (and its StatefulSet makes no replacement) until the node comes back or the
-# operator force-deletes it (kube_gpu_scheduler/scheduler/lostnode.py).
+# operator force-deletes it (kube_gpu_scheduler/scheduler/report/lostnode.py).
 TERMINATING_ON_NOT_READY_NODE = "TerminatingOnNotReadyNode"
 
-# DRA mode (kube_gpu_scheduler/scheduler/dra.py): Events on a replica about its ResourceClaim.
+# DRA mode (kube_gpu_scheduler/scheduler/dra/controller.py): Events on a replica about its ResourceClaim.
 CLAIM_CREATED = "ClaimCreated"  # Normal: its claim was made from its entry
 CLAIM_REPLACED = "ClaimReplaced"  # Normal: a claim made for another entry was deleted, to be made again
 CLAIM_NOT_OURS = "ClaimNotOurs"  # Warning: a claim of that name exists that gpu-scheduler did not make
@@ -62,7 +62,7 @@ ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU
 GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or NoExecute device taint
 TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
 
-# Tenancy (kube_gpu_scheduler/scheduler/tenancy.py): the reasons of a GPUPinningPolicy's status
+# Tenancy (kube_gpu_scheduler/scheduler/tenancy/holdings.py): the reasons of a GPUPinningPolicy's status
 # conditions, Enforced (True: counted; False: its spec does not parse) and LimitReached.
 POLICY_COUNTED = "Counted"
 POLICY_INVALID = "InvalidSpec"
