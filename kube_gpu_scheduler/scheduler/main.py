@@ -28,7 +28,8 @@ from kube_gpu_scheduler.scheduler.dra.controller import ClaimController
 from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
 from kube_gpu_scheduler.scheduler.placing.core import Scheduler
-from kube_gpu_scheduler.scheduler.placing.extender import Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.placing.extender import Extender
+from kube_gpu_scheduler.scheduler.placing.extender_http import ExtenderServer
 from kube_gpu_scheduler.scheduler.placing.optin import InjectionScope
 from kube_gpu_scheduler.scheduler.report.events import EventRecorder
 from kube_gpu_scheduler.scheduler.runtime import settings as settings_mod

@@ -16,7 +16,8 @@ from kubernetes import client
 from kube_gpu_scheduler.kube.tls import server_context
 from kube_gpu_scheduler.scheduler.main import build
 from kube_gpu_scheduler.scheduler.placing.core import Scheduler
-from kube_gpu_scheduler.scheduler.placing.extender import MAX_BODY_BYTES, Extender, ExtenderServer
+from kube_gpu_scheduler.scheduler.placing.extender import Extender
+from kube_gpu_scheduler.scheduler.placing.extender_http import MAX_BODY_BYTES, ExtenderServer
 from kube_gpu_scheduler.scheduler.runtime import settings as settings_mod
 from kube_gpu_scheduler.scheduler.runtime.settings import Settings, SettingsError
 from localcluster.cluster import gpu_node_manifest
