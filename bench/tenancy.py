@@ -33,7 +33,7 @@ from localcluster.rbac import render_chart, render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import run_scheduler
 
 if TYPE_CHECKING:
-    from bench.runner import Bench
+    from bench.harness import Harness
 
 TENANCY_ARMS = ("T0", "T1")
 TENANCY_ARM_NAMES = {
@@ -67,7 +67,7 @@ def policy(name: str, namespaces: dict[str, Any], nodes: dict[str, Any], most: i
 
 
 class TenancyBench:
-    def __init__(self, bench: Bench, scheduler: str, system_ns: str) -> None:
+    def __init__(self, bench: Harness, scheduler: str, system_ns: str) -> None:
         assert bench.raw is not None
         self.bench, self.raw = bench, bench.raw
         self.scale = bench.scale
