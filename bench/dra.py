@@ -48,7 +48,7 @@ from localcluster.rbac import render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import http_url, run_scheduler
 
 if TYPE_CHECKING:
-    from bench.runner import Bench
+    from bench.harness import Harness
 
 DRA_ARMS = ("D", "K", "DF")
 DRA_ARM_NAMES = {
@@ -174,7 +174,7 @@ def key_metrics(proc_url: str) -> dict[str, float]:
 class DraBench:
     """The DRA phase of one bench run (see the module doc), on the runner's control plane."""
 
-    def __init__(self, bench: Bench, kube_scheduler: str) -> None:
+    def __init__(self, bench: Harness, kube_scheduler: str) -> None:
         """``kube_scheduler``: the profile that allocates and binds (arm B2's)."""
         assert bench.cluster is not None and bench.raw is not None
         self.bench, self.raw, self.scale = bench, bench.raw, bench.scale

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.arms import Run
 from bench.dra import DRA_ARM_NAMES, DRA_ARMS, DRA_SCHEDULER
-from bench.ratios import median, ms_spread, spread
+from bench.stats import median, ms_spread, spread
 from bench.workload import Plan
 
 

@@ -1,29 +1,16 @@
-"""The ratios of one run (medians of the repetitions, against their targets), the bounds a
-gpu-scheduler or a webhook of zero CPU cost would reach, and the spreads the report's tables use."""
+"""The ratios of one run (medians of the repetitions, against their targets) and the bounds a
+gpu-scheduler or a webhook of zero CPU cost would reach (the statistics: bench/stats.py)."""
 
 from __future__ import annotations
 
 import math
-import statistics
 
 from bench.arms import ARMS, Run
 from bench.dra import DRA_ARMS
+from bench.drareport import dra_ratios
 from bench.scales import Results, Scale
+from bench.stats import median, paired_ratio
 from bench.tenancy import TENANCY_ARMS, tenancy_ratios
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def spread(values: list[float], fmt: str = "{:.1f}") -> str:
-    if not values:
-        return "—"
-    return f"{fmt.format(min(values))} / {fmt.format(median(values))} / {fmt.format(max(values))}"
-
-
-def ms_spread(values: list[float]) -> str:
-    return spread([v * 1000 for v in values], "{:.0f}")
 
 
 def runs_of(results: Results, arm: str, plan: str) -> list[Run]:
@@ -44,19 +31,6 @@ def cpu_per_pod(results: Results, arm: str, plan: str, process: str | None = Non
             if r.cpu
         ]
     )
-
-
-def paired_ratio(runs: list[Run], plan: str, x: str, y: str, attr: str = "throughput") -> float:
-    """The median over the repetitions of x/y within each: the price of a feature, where both
-    arms run back to back in every repetition. The control plane's pace drifts between
-    repetitions (arm A alone went from 61 to 45 pods/s between two of them in one run), and a
-    ratio of the arms' own medians can pair a fast repetition with a slow one; the ratio within
-    each repetition cancels the drift."""
-    of = {
-        arm: {r.rep: float(getattr(r, attr)) for r in runs if r.arm == arm and r.plan == plan and r.rep >= 0}
-        for arm in (x, y)
-    }
-    return median([of[x][rep] / of[y][rep] for rep in sorted(of[x]) if of[y].get(rep)])
 
 
 def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
@@ -233,8 +207,6 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
     if any(r.arm in TENANCY_ARMS for r in results.runs):
         rows += tenancy_ratios(results.runs, list(scale.groups[0][1]))
     if any(r.arm in DRA_ARMS for r in results.runs):
-        from bench.drareport import dra_ratios  # (it reads this module's helpers)
-
         rows += dra_ratios(results.runs, scale.dra_plan, scale.dra_foreign)
     mem = results.memory
     if mem.get("scheduler_idle"):

@@ -7,16 +7,9 @@ from typing import Any
 
 from bench.arms import ARM_NAMES, ARMS, INJECTION_NAMES, INJECTIONS, Run
 from bench.drareport import dra_section
-from bench.ratios import (
-    median,
-    ms_spread,
-    print_ratios,
-    ratio_table,
-    ratios,
-    runs_of,
-    spread,
-)
+from bench.ratios import print_ratios, ratio_table, ratios, runs_of
 from bench.scales import Results, Scale
+from bench.stats import median, ms_spread, spread
 from bench.tenancy import tenancy_section
 from localcluster.toolcache import versions
 

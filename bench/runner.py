@@ -17,7 +17,8 @@ Order (each step on the same control plane, so the ratios compare like with like
 8. the report (bench.report).
 
 The scales and the results record are bench/scales.py; memory, CPU time and the
-profile's summary are bench/measure.py.
+profile's summary are bench/measure.py; what the run shares with its phases (the control plane,
+the results, a namespace, a run recorded) is bench/harness.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import sys
 import time
 import urllib.request
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,10 @@ from bench.arms import (
 )
 from bench.dra import DraBench
 from bench.gang import CONTROLLERS_OFF, GANG_ARMS, OWNED_ARMS, Release, owned, owners, released
-from bench.measure import cpu_seconds, own_times, rss_mib, summarise_profile
+from bench.harness import Harness
+from bench.measure import own_times, rss_mib, summarise_profile
 from bench.raw import ApiError, Raw, run_parallel
-from bench.scales import Results, Scale, log, machine
+from bench.scales import Results, Scale, log
 from bench.tenancy import TenancyBench
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
 from kube_gpu_scheduler.kube.timefmt import micro_time
@@ -76,19 +77,14 @@ def scheduler_kubeconfig(cluster: Cluster, namespace: str) -> Path:
     return cluster.service_account_kubeconfig(namespace, sa)
 
 
-class Bench:
+class Bench(Harness):
+    """The whole run (the module doc); what its phases share is bench/harness.py's."""
+
     def __init__(self, scale: Scale, workdir: Path, command: str) -> None:
-        self.scale = scale
-        self.workdir = workdir
-        self.results = Results(
-            scale.name, command, datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), machine()
-        )
-        self.cluster: Cluster | None = None
-        self.raw: Raw | None = None
+        super().__init__(scale, workdir, command)
         self.scheduler: ManagedProcess | None = None
         self.webhook: ManagedProcess | None = None
         self.webhook_certs: Path | None = None
-        self._seq = 0
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -256,29 +252,6 @@ class Bench:
             self.cluster.stop()
 
     # -- arms -------------------------------------------------------------------------------
-
-    def cpu(self) -> dict[str, float]:
-        """CPU seconds so far of every component, and of this harness ("bench client")."""
-        assert self.cluster is not None
-        out = {name: cpu_seconds(proc.pid) for name, proc in self.cluster.procs.items()}
-        times = os.times()
-        out["bench client"] = times.user + times.system
-        return out
-
-    def namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
-        assert self.raw is not None
-        self._seq += 1
-        name = f"b-{prefix}-{self._seq}".lower()
-        create_namespace(self.raw, name, labels)
-        return name
-
-    def record(self, run: Run, label: str) -> None:
-        self.results.runs.append(run)
-        status = "ok" if run.correct else "WRONG: " + "; ".join(run.problems[:3])
-        log(
-            f"{label} rep {run.rep}: {run.pods} pods in {run.seconds:.1f} s = {run.throughput:.1f}/s, "
-            f"p50 {run.p50 * 1000:.0f} ms, p99 {run.p99 * 1000:.0f} ms, {status}"
-        )
 
     def bind_run(self, arm: str, plan: Plan, rep: int, measure_memory: bool = False) -> Run:
         assert self.raw is not None and self.scheduler is not None

@@ -26,14 +26,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from bench.arms import Run, run_bind_arm
+from bench.arms import Run, delete_pods, run_bind_arm
 from bench.raw import ApiError
+from bench.stats import median, paired_ratio
 from bench.workload import Plan, bind_pods
 from localcluster.rbac import render_chart, render_rbac, scheduler_chart_values
 from localcluster.scheduler_host import run_scheduler
 
 if TYPE_CHECKING:
-    from bench.runner import Bench
+    from bench.harness import Harness
 
 TENANCY_ARMS = ("T0", "T1")
 TENANCY_ARM_NAMES = {
@@ -67,7 +68,7 @@ def policy(name: str, namespaces: dict[str, Any], nodes: dict[str, Any], most: i
 
 
 class TenancyBench:
-    def __init__(self, bench: Bench, scheduler: str, system_ns: str) -> None:
+    def __init__(self, bench: Harness, scheduler: str, system_ns: str) -> None:
         assert bench.raw is not None
         self.bench, self.raw = bench, bench.raw
         self.scale = bench.scale
@@ -159,8 +160,6 @@ class TenancyBench:
                 cpu=self.bench.cpu,
             )
         finally:
-            from bench.arms import delete_pods
-
             delete_pods(self.raw, ns)
             if on:
                 self.raw.delete(f"{POLICIES}/{ns}")
@@ -183,7 +182,6 @@ class TenancyBench:
 
 def tenancy_ratios(runs: list[Run], plans: list[Plan]) -> list[tuple[str, str, float, str]]:
     """T1/T0 per plan: throughput (target >= 0.95), p99 (lower is better), the scheduler's CPU per pod."""
-    from bench.ratios import median, paired_ratio
 
     def med(arm: str, plan: Plan, attr: str) -> float:
         return median([getattr(r, attr) for r in runs if r.arm == arm and r.plan == plan.key and r.rep >= 0])
@@ -225,8 +223,6 @@ def tenancy_ratios(runs: list[Run], plans: list[Plan]) -> list[tuple[str, str, f
 
 def tenancy_section(runs: list[Run], plans: list[Plan]) -> str:
     """The phase's runs for docs/benchmarks.md."""
-    from bench.ratios import median
-
     lines = [
         "| plan | arm | runs | pods/s (median) | p50 ms | p99 ms | the placing scheduler's CPU ms/pod |",
         "|---|---|---|---|---|---|---|",

@@ -36,7 +36,8 @@ from localcluster.nvidia import DRIVER_NAME, DriverRoot, Machine, build_driver_r
 from localcluster.toolcache import tool, versions
 
 if TYPE_CHECKING:
-    from localcluster.cluster import Cluster
+    # The install needs the cluster's clients only (Cluster.start hands it the Cluster itself).
+    from localcluster.clients import ClusterClients
     from localcluster.node import RealNode
 
 RELEASE = "nvidia-dra-driver-gpu"
@@ -181,7 +182,7 @@ def runtime_handlers(node: RealNode) -> dict[str, Path]:
     return {RUNTIME_CLASS: toolkit_dir(node) / "nvidia-container-runtime"}
 
 
-def _install_toolkit(cluster: Cluster, node: RealNode, root: DriverRoot) -> None:
+def _install_toolkit(cluster: ClusterClients, node: RealNode, root: DriverRoot) -> None:
     """NVIDIA's container runtime as the GPU Operator >= 25.10 sets it up with CDI on: the runtime
     in ``cdi`` mode behind the ``nvidia`` handler and RuntimeClass (never the default runtime),
     a management CDI spec with the one device ``all``, the accept-envvar setting on."""
@@ -237,7 +238,7 @@ def _install_toolkit(cluster: Cluster, node: RealNode, root: DriverRoot) -> None
     )
 
 
-def install(cluster: Cluster, gpus: int, timeout: float = 300) -> InstalledDriver:
+def install(cluster: ClusterClients, gpus: int, timeout: float = 300) -> InstalledDriver:
     """Install NVIDIA's DRA driver on the cluster's real node over ``gpus`` stand-in GPUs, and wait
     until the plugin has published the node's ResourceSlice with every one of them."""
     node = cluster.node

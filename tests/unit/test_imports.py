@@ -1,5 +1,6 @@
-"""The import graph: the layers of ``kube_gpu_scheduler`` as pyproject.toml declares them, no
-import cycle between any two of its modules, and no product code importing the dev tooling.
+"""The import graph: the layers of ``kube_gpu_scheduler`` and of the dev tooling (``localcluster``,
+``bench``) as pyproject.toml declares them, no import cycle between any two modules of any of
+them, and no product code importing the dev tooling.
 
 The contracts (which layer may import which) live in one place, ``[tool.importlinter]`` in
 pyproject.toml, and are checked here by import-linter itself (``lint-imports``). A layers
@@ -107,6 +108,28 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def loop(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One cycle through the strongly connected ``component``, in import order, its first module
+    again at the end (``a -> b -> a``): what a failure names."""
+    members, start = set(component), component[0]
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:  # breadth first from start, inside the component, back to start
+        nxt = []
+        for node in frontier:
+            for target in sorted(graph.get(node, ())):
+                if target == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if target in members and target not in came_from:
+                    came_from[target] = node
+                    nxt.append(target)
+        frontier = nxt
+    raise ValueError(f"{component} is not a cycle")
+
+
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(cwd)}
     return subprocess.run(
@@ -120,15 +143,33 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def declared_contracts() -> list[dict[str, object]]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
 def test_the_declared_contracts_are_kept() -> None:
     res = lint_imports(REPO)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     # Every declared contract ran (a contract that is silently not loaded keeps nothing).
-    import tomllib
-
-    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    assert len(declared) >= 3
+    declared = declared_contracts()
+    assert {
+        "layers",
+        "scheduler-wings",
+        "pure-domain",
+        "tooling-apart",
+        "localcluster-layers",
+        "bench-layers",
+    } <= {c["id"] for c in declared}
     assert f"Contracts: {len(declared)} kept, 0 broken." in res.stdout, res.stdout[-2000:]
+
+
+def planted_copy(tmp_path: Path) -> None:
+    """pyproject.toml and every root package of its contracts, copied under ``tmp_path``."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    for top in (PRODUCT, *TOOLING):
+        shutil.copytree(REPO / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 @pytest.mark.parametrize(
@@ -151,8 +192,7 @@ def test_the_declared_contracts_are_kept() -> None:
     ],
 )
 def test_a_broken_contract_fails_the_lint(tmp_path: Path, module: str, planted: str) -> None:
-    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(REPO / PRODUCT, tmp_path / PRODUCT, ignore=shutil.ignore_patterns("__pycache__"))
+    planted_copy(tmp_path)
     target = tmp_path / PRODUCT / module
     target.write_text(target.read_text() + f"\n\n{planted}  # noqa\n")
     res = lint_imports(tmp_path)
@@ -160,8 +200,54 @@ def test_a_broken_contract_fails_the_lint(tmp_path: Path, module: str, planted: 
     assert "BROKEN" in res.stdout
 
 
-def test_no_two_product_modules_import_each_other() -> None:
-    assert cycles(module_graph()) == []
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        # the product importing the dev tooling or the tests
+        ("kube_gpu_scheduler/base/logs.py", "import localcluster.procs", "tooling-apart"),
+        ("kube_gpu_scheduler/kube/client.py", "from bench import raw", "tooling-apart"),
+        ("kube_gpu_scheduler/domain/fit.py", "from tests import conftest", "tooling-apart"),
+        # localcluster importing the bench
+        ("localcluster/node.py", "from bench import raw", "localcluster-apart-from-bench"),
+        # a part of the Cluster importing the Cluster (the cycle nvidia_driver <-> cluster was)
+        ("localcluster/nvidia_driver.py", "from localcluster.cluster import Cluster", "localcluster-layers"),
+        # a building block knowing the clients; the Cluster knowing a demo
+        ("localcluster/procs.py", "from localcluster import clients", "localcluster-layers"),
+        ("localcluster/cluster.py", "from localcluster import demo", "localcluster-layers"),
+        # a phase importing the run, a report section importing the ratios (the five-module loop was)
+        ("bench/tenancy.py", "from bench.runner import Bench", "bench-layers"),
+        ("bench/drareport.py", "from bench.ratios import median", "bench-layers"),
+        # the statistics knowing the ratios; the arms knowing the results record
+        ("bench/stats.py", "from bench import ratios", "bench-layers"),
+        ("bench/arms.py", "from bench.scales import Results", "bench-layers"),
+    ],
+)
+def test_a_broken_tooling_contract_fails_the_lint(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    planted_copy(tmp_path)
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n\n{planted}  # noqa\n")
+    res = lint_imports(tmp_path)
+    assert res.returncode != 0, res.stdout[-2000:]
+    (name,) = [c["name"] for c in declared_contracts() if c["id"] == contract]
+    assert f"{name} BROKEN" in " ".join(res.stdout.split()), res.stdout[-2000:]
+
+
+@pytest.mark.parametrize("top", [PRODUCT, *TOOLING])
+def test_no_two_modules_import_each_other(top: str) -> None:
+    graph = module_graph(top=top)
+    assert len(graph) > 5, f"no modules found in {top}"
+    # Each strongly connected set of modules, named by one loop through it and all its members.
+    found = [
+        f"{' -> '.join(loop(graph, component))} (the modules that import each other: {', '.join(component)})"
+        for component in cycles(graph)
+    ]
+    assert not found, (
+        f"import cycles in {top} (every import counts, lazy and TYPE_CHECKING ones too): "
+        + "; ".join(found)
+        + ". Cut each by moving what both sides need into a lower module."
+    )
 
 
 def test_the_cycle_search_finds_a_planted_cycle(tmp_path: Path) -> None:
@@ -175,7 +261,10 @@ def test_the_cycle_search_finds_a_planted_cycle(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import a\n"
     )
     (pkg / "c.py").write_text("import p.a\n")
-    assert cycles(module_graph(tmp_path, "p")) == [["p.a", "p.sub.b"]]
+    graph = module_graph(tmp_path, "p")
+    assert cycles(graph) == [["p.a", "p.sub.b"]]
+    assert loop(graph, ["p.a", "p.sub.b"]) == ["p.a", "p.sub.b", "p.a"]
+    assert loop({"x": {"y"}, "y": {"z", "x"}, "z": {"x"}}, ["x", "y", "z"]) == ["x", "y", "x"]
     assert cycles({"x": {"y"}, "y": {"z"}, "z": set()}) == []
 
 
