@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from kube_gpu_scheduler import certs as gen
 from kube_gpu_scheduler.certs import cli as certs_cli
 
-SCRIPT = Path(__file__).resolve().parents[2] / "generate-webhook-certs.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "generate-webhook-certs.py"
 
 
 def load_script() -> ModuleType:

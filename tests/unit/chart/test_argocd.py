@@ -14,7 +14,7 @@ import yaml
 
 from tests.support.charts import CHECK_CHART, SCHEDULER_CHART, ci_values, is_hook, render
 
-ARGOCD = Path(__file__).resolve().parents[2] / "argocd"
+ARGOCD = Path(__file__).resolve().parents[3] / "argocd"
 APPSETS = {
     "complete": ARGOCD / "gpu-scheduler-complete-applicationset.yaml",
     "scheduler": ARGOCD / "gpu-scheduler-applicationset.yaml",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.charts import SCHEDULER_CHART, find, one, render, template
-from tests.unit.test_chart_scheduler import render_notes
+from tests.unit.chart.test_chart_scheduler import render_notes
 
 CHART = SCHEDULER_CHART
 FULL = "rel-gpu-scheduler"

@@ -17,7 +17,7 @@ import yaml
 from tests.support.charts import CHARTS, SCHEDULER_CHART, helm_bin, is_hook, render, template
 from tests.support.tools import load_tool
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIGEST = "sha256:" + "ab" * 32
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 

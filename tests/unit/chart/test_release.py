@@ -24,7 +24,7 @@ from localcluster import publish
 from tests.support.charts import CHARTS, render
 from tests.support.tools import load_tool
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 
 

@@ -35,7 +35,7 @@ def settings(**over: Any) -> Settings:
         "cuda_device_order": "PCI_BUS_ID",
         "nvidia_visible_devices": None,
         "injection_mode": "cuda",
-        "dev_dir": "/nonexistent/dev",  # no NVIDIA device node (tests/unit/test_check_diagnose.py lists some)
+        "dev_dir": "/nonexistent/dev",  # no NVIDIA device node (tests/unit/check/test_check_diagnose.py lists some)
     }
     base.update(over)
     return Settings(**base)

@@ -35,7 +35,7 @@ from kube_gpu_scheduler.check.diagnose import (
 from kube_gpu_scheduler.check.podcheck import diagnosis_of
 from kube_gpu_scheduler.check.seen import seen, termination_message
 from kube_gpu_scheduler.domain.schedmap import Entry, parse
-from tests.unit.test_check import by_check, fake_pynvml, settings
+from tests.unit.check.test_check import by_check, fake_pynvml, settings
 
 CDI = "runtime.nvidia.com/gpu="
 LIBRARY_NOT_FOUND = nvml.NvmlReport(

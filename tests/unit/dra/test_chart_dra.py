@@ -121,7 +121,7 @@ def test_bad_dra_values_fail_with_a_clear_message(
 
 
 def test_notes_say_where_the_gpus_are_and_what_to_do_before_uninstalling(tmp_path: Any) -> None:
-    from tests.unit.test_chart_scheduler import render_notes
+    from tests.unit.chart.test_chart_scheduler import render_notes
 
     notes = render_notes(CHART, tmp_path / "dra", "dra.enabled=true", extra=SERVED)
     assert "DRA mode: each mapped replica gets the ResourceClaim <pod>-gpus" in notes

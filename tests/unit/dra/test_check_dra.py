@@ -10,7 +10,7 @@ from kube_gpu_scheduler.check.release_dra import DraState
 from kube_gpu_scheduler.domain import dra
 from kube_gpu_scheduler.domain.schedmap import Entry
 from localcluster import dra as slices
-from tests.unit.test_check import by_check, fake_pynvml, settings, sts
+from tests.unit.check.test_check import by_check, fake_pynvml, settings, sts
 
 MAP = "0=node1:0,1\n1=node2:2\n"
 SLICES = [slices.resource_slice(n, slices.node_gpus(n, 4)) for n in ("node1", "node2")]
@@ -191,7 +191,7 @@ def dry_run_answer(
     *, claim: bool = True, container_claim: bool = True, env: list[dict] | None = None
 ) -> dict:
     from kube_gpu_scheduler.check.wait_ready import probe_pod
-    from tests.unit.test_check_wait_ready import target
+    from tests.unit.check.test_check_wait_ready import target
 
     pod = probe_pod(target())
     c = pod["spec"]["containers"][0]
@@ -248,7 +248,7 @@ def test_wait_ready_in_dra_mode_names_its_probe_pod() -> None:
     # The injection policy in DRA mode mutates only a pod whose name is known at admission
     # (the claim is <pod>-gpus); generateName is filled in after admission.
     from kube_gpu_scheduler.check.wait_ready import probe_pod
-    from tests.unit.test_check_wait_ready import target
+    from tests.unit.check.test_check_wait_ready import target
 
     meta = probe_pod(replace(target(), dra=True))["metadata"]
     assert "generateName" not in meta and meta["name"].startswith("gpu-scheduler-wait-ready-probe-")

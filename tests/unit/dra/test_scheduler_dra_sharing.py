@@ -12,7 +12,7 @@ from kube_gpu_scheduler.domain import dra, draclaims
 from kube_gpu_scheduler.domain.rules.catalogue import CLAIM_CREATED, GPU_ALLOCATED_ELSEWHERE
 from kube_gpu_scheduler.domain.schedmap import parse
 from kube_gpu_scheduler.scheduler.dra import Next
-from tests.unit.test_scheduler_dra import NS, World, foreign_claim, replica, statefulset
+from tests.unit.dra.test_scheduler_dra import NS, World, foreign_claim, replica, statefulset
 
 SHARED = "3=n1:1\n4=n1:1\n"
 

@@ -1,7 +1,7 @@
 """DRA device taints: the domain's reading of them (a slice's, a DeviceTaintRule's), what their
 changes enqueue, what the claim controller does of them, and its metrics.
 
-The controller is driven as in tests/unit/test_scheduler_dra.py (its World: caches of the
+The controller is driven as in tests/unit/dra/test_scheduler_dra.py (its World: caches of the
 test's own fed through the controller's handlers, a writer and events that record).
 """
 
@@ -21,7 +21,7 @@ from kube_gpu_scheduler.domain.rules.catalogue import (
 from kube_gpu_scheduler.scheduler.dra import Next
 from kube_gpu_scheduler.scheduler.drametrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.metrics import Metrics
-from tests.unit.test_scheduler_dra import World, node_slice, replica, statefulset
+from tests.unit.dra.test_scheduler_dra import World, node_slice, replica, statefulset
 
 # -- the domain ----------------------------------------------------------------------------------
 

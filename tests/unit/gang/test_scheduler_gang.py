@@ -14,7 +14,7 @@ from typing import Any
 from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 from kube_gpu_scheduler.domain.rules import GANG_WAITING, GPU_IN_USE
 from kube_gpu_scheduler.scheduler.ledger import Claim, Ledger
-from tests.unit.test_scheduler_process import Cache, World, node, pod
+from tests.unit.scheduler.test_scheduler_process import Cache, World, node, pod
 
 MAP = "0=node1:0\n1=node2:0\n2=node3:0"
 

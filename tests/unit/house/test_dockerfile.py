@@ -18,7 +18,7 @@ import yaml
 from tests.support.charts import CHECK_CHART, SCHEDULER_CHART, ci_values, render
 from tests.support.wheelvenv import build_stage
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "Dockerfile"
 VENV_BIN = Path(sys.executable).parent
 PROGRAMS = {"gpu-scheduler", "gpu-scheduler-webhook", "gpu-scheduler-check"}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CI = REPO / ".gitlab-ci.yml"
 KEYWORDS = {
     "stages",
@@ -111,7 +111,7 @@ def test_every_job_runs_make() -> None:
 def test_images_are_built_with_buildah_not_kaniko() -> None:
     """kaniko was archived upstream (2025): the image jobs build with buildah (Debian's), through
     the same make targets a maintainer runs (mk/release.mk); what each pushes is run for real
-    in tests/unit/test_release.py."""
+    in tests/unit/chart/test_release.py."""
     text = CI.read_text()
     assert "kaniko" not in text.lower()
     build, release = jobs()["build-image"], jobs()["release"]

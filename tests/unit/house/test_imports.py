@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PRODUCT = "kube_gpu_scheduler"
 TOOLING = ("bench", "localcluster")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")

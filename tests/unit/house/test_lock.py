@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOCK = REPO / "requirements" / "runtime.txt"
 ROOT = "kube-gpu-scheduler (pyproject.toml)"
 # The environment the image runs the lock in: CPython 3.11 on Linux.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("kube_gpu_scheduler",)
 DOC = ROOT / "docs" / "dev-interfaces.md"
 # A module path in backquotes: `kube_gpu_scheduler/check/cli.py`, `kube_gpu_scheduler/scheduler/core.py`.

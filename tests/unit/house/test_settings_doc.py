@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.support.tools import load_tool
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "dev-interfaces.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "dev-interfaces.md"
 SECTION = re.compile(r"<!-- settings: (?P<name>[^>]+?) -->\n(?P<body>.*?)<!-- /settings -->", re.S)
 
 

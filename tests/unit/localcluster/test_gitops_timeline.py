@@ -1,6 +1,6 @@
 """The gitops demo's timeline prints the times Argo CD recorded, not the moments it polled.
 
-The Applications under tests/unit/data/ were recorded from a real Argo CD (v3.5.7, the
+The Applications under tests/unit/localcluster/data/ were recorded from a real Argo CD (v3.5.7, the
 pinned one) on the local control plane by tests/integration/test_argocd_real.py: the
 scheduler and the check Application of the complete ApplicationSet after a first revision
 and then one commit changing both charts (RollingSync synced each twice per revision).

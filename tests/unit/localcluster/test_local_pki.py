@@ -13,7 +13,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from localcluster.pki import LocalPKI
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def load(path: Path) -> x509.Certificate:
@@ -52,7 +52,7 @@ def test_a_serving_certificate_holds_its_names_and_addresses(tmp_path: Path) -> 
     # An address alone is enough (the extender's certificate in tests/integration/test_extender.py).
     ip_only, _ = pki.issue("extender", "gpu-scheduler-extender", ips=("127.0.0.1",), server=True)
     assert load(ip_only).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    # And none at all (tests/unit/test_scheduler_extender.py's TLS context test).
+    # And none at all (tests/unit/extender/test_scheduler_extender.py's TLS context test).
     bare, _ = pki.issue("ext2", "ext2", server=True)
     assert not [e for e in load(bare).extensions if isinstance(e.value, x509.SubjectAlternativeName)]
 

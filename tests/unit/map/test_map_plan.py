@@ -20,7 +20,7 @@ from kube_gpu_scheduler.domain.rules import (
 from kube_gpu_scheduler.mapcli import plan, status
 from kube_gpu_scheduler.mapcli.live import Cluster
 from tests.support.mapcorpus import TASK_MAP
-from tests.unit.test_scheduler_process import node
+from tests.unit.scheduler.test_scheduler_process import node
 
 OURS = "gpu-scheduler"
 

@@ -1,7 +1,7 @@
 """An oversize or pathological map at each door: the webhook app and ``gpu-scheduler-map``.
 
 The parser's own bounds are in test_schedmap_bounds.py; here the same inputs go
-through the surfaces users reach, with the issue's bound (tests/unit/bounds.py).
+through the surfaces users reach, with the issue's bound (tests/unit/map/bounds.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kube_gpu_scheduler.mapcli import cli
 from kube_gpu_scheduler.webhook.app import create_app
 from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review, mapped_pod
-from tests.unit.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
+from tests.unit.map.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
 
 SHAPES = ["one-long-line", "many-bad-lines", "duplicate-ordinals"]
 LIMIT_MESSAGE = "gpu-scheduling-map is 1048576 bytes, more than the 262144-byte limit"

@@ -1,6 +1,6 @@
 """The map's sizes: bounded messages, the size limit, linear cost, and parse_cached.
 
-Timing and memory bounds are the issue's (tests/unit/bounds.py says why they are safe).
+Timing and memory bounds are the issue's (tests/unit/map/bounds.py says why they are safe).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kube_gpu_scheduler.domain.schedmap import (
     sharing_problems,
     utf8_size,
 )
-from tests.unit.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
+from tests.unit.map.bounds import ISSUE_BYTES, ISSUE_SECONDS, MIB, UNDER_CAP, malformed, measure
 
 
 def refusal(text: Any) -> MapError:

@@ -22,7 +22,7 @@ from kube_gpu_scheduler.domain import rules as R
 from kube_gpu_scheduler.domain.rules.catalogue import OTHER_REASONS
 from kube_gpu_scheduler.mapcli import manifest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EVERY_REASON = set(R.RULES) | set(OTHER_REASONS)
 
 

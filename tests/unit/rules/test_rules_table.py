@@ -334,8 +334,8 @@ def test_the_table_covers_every_rule() -> None:
     covered = {c.reason for c in CASES} | {r for c in CASES for r in c.other.values()}
     # YAML-only lints, and the one rule that is the scheduler's memory of a pod that failed
     # (tests/integration/test_scheduler_fit.py). The tenancy rules need policies and namespaces,
-    # which no front end of this table reads: tests/unit/test_tenancy_*.py run them through each;
-    # so do the sharing refusals (a release's setting or a policy: tests/unit/test_sharing_admission.py).
+    # which no front end of this table reads: tests/unit/tenancy/test_tenancy_*.py run them through each;
+    # so do the sharing refusals (a release's setting or a policy: tests/unit/sharing/test_sharing_admission.py).
     left = set(R.RULES) - covered - {R.MISSPELT_ANNOTATION, R.FOLDED_MAP, R.NO_ORDINALS, R.KUBELET_REFUSED}
     left -= {R.NOT_GRANTED, R.GPU_LIMIT_REACHED, R.NAMESPACE_NOT_OPTED_IN, R.GPU_SHARING_FORBIDDEN}
     assert not left, f"rules without a case in the table: {sorted(left)}"

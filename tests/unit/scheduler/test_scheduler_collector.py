@@ -19,7 +19,7 @@ import pytest
 
 from kube_gpu_scheduler.scheduler.collector import QuietCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class FakeGC:

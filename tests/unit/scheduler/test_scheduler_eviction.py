@@ -1,8 +1,8 @@
 """The one rollout eviction decision (kube_gpu_scheduler/scheduler/eviction.py), branch by branch,
 and what ``Evictions`` does with it: evict once, name a PodDisruptionBudget, a holder gone.
 
-Both paths ask it: the standalone scheduler (tests/unit/test_scheduler_rollout.py, the holder
-from the ledger) and DRA mode (tests/unit/test_scheduler_dra.py, the holder from the claim).
+Both paths ask it: the standalone scheduler (tests/unit/scheduler/test_scheduler_rollout.py, the holder
+from the ledger) and DRA mode (tests/unit/dra/test_scheduler_dra.py, the holder from the claim).
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def test_every_metric_is_in_the_docs_metrics_table() -> None:
         f"{family.name}_total" if family.type == "counter" else family.name
         for family in metrics.registry.collect()
     }
-    text = (Path(__file__).resolve().parents[2] / "docs" / "scheduler.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "scheduler.md").read_text()
     table = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     documented = {
         line.split("`")[1].split("{")[0]

@@ -8,7 +8,7 @@ from typing import Any, cast
 from kube_gpu_scheduler.domain.rules import NODE_NOT_READY, TERMINATING_ON_NOT_READY_NODE
 from kube_gpu_scheduler.scheduler.events import EventRecorder
 from kube_gpu_scheduler.scheduler.lostnode import LostNodeReports
-from tests.unit.test_scheduler_process import Events, World, node, pod
+from tests.unit.scheduler.test_scheduler_process import Events, World, node, pod
 
 
 def lost(ready: str = "Unknown") -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from kube_gpu_scheduler.domain import sharing
 from tests.support.charts import SCHEDULER_CHART, one, render, template
-from tests.unit.test_chart_scheduler import (
+from tests.unit.chart.test_chart_scheduler import (
     FULL,
     container,
     env_of,

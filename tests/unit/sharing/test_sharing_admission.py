@@ -29,9 +29,9 @@ from kube_gpu_scheduler.webhook.grants import STATEFULSET_CONTROLLER
 from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review, mapped_pod
 from tests.support.mapcorpus import TASK_MAP
-from tests.unit.test_tenancy_scheduler import NODES, Tenants, policy, replica
-from tests.unit.test_tenancy_webhook import Lookup
-from tests.unit.test_webhook_validate import Nodes, statefulset
+from tests.unit.tenancy.test_tenancy_scheduler import NODES, Tenants, policy, replica
+from tests.unit.tenancy.test_tenancy_webhook import Lookup
+from tests.unit.webhook.test_webhook_validate import Nodes, statefulset
 
 TASK_WARNING = (
     "gpu-scheduling-map shares GPUs between replicas: node4:3 by ordinals 3, 4 (lines 4, 5); a shared "

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.charts import SCHEDULER_CHART, find, one, render, template
-from tests.unit.test_chart_scheduler import (
+from tests.unit.chart.test_chart_scheduler import (
     FULL,
     NS,
     WEBHOOK,

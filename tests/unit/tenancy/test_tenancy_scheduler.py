@@ -22,7 +22,7 @@ from kube_gpu_scheduler.domain.selectors import parse_selector
 from kube_gpu_scheduler.scheduler.optin import InjectionScope
 from kube_gpu_scheduler.scheduler.policystatus import MAX_LAG_S, PolicyCollector, status_due
 from kube_gpu_scheduler.scheduler.tenancy import Lookup, Tenancy
-from tests.unit.test_scheduler_process import Cache, World, node
+from tests.unit.scheduler.test_scheduler_process import Cache, World, node
 
 
 def ns(name: str, **labels: str) -> dict[str, Any]:

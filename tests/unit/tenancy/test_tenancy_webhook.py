@@ -12,7 +12,7 @@ from kube_gpu_scheduler.webhook.app import create_app
 from kube_gpu_scheduler.webhook.grants import STATEFULSET_CONTROLLER, GrantsUnavailable
 from kube_gpu_scheduler.webhook.settings import Settings
 from localcluster.admission import admission_review, mapped_pod
-from tests.unit.test_webhook_validate import Nodes, statefulset
+from tests.unit.webhook.test_webhook_validate import Nodes, statefulset
 
 GRANTS = Grants(
     {"pool-a": frozenset({"node1"}), "shared": frozenset({"node9"})}, {"team": ("pool-a", "shared")}

@@ -17,7 +17,7 @@ from kube_gpu_scheduler.webhook.app import create_app
 from kube_gpu_scheduler.webhook.settings import Settings, SettingsError
 from localcluster.admission import admission_review, mapped_pod
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # Mapped pods of other schedulers are left alone: these are the GPU scheduler's.
 SCHED = "gpu-scheduler"
 

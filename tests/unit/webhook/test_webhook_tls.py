@@ -250,7 +250,7 @@ def test_reissued_certificate_is_served_without_a_restart(
         return x509.load_der_x509_certificate(der).serial_number
 
     before = serving_serial()
-    script = Path(__file__).resolve().parents[2] / "generate-webhook-certs.py"
+    script = Path(__file__).resolve().parents[3] / "generate-webhook-certs.py"
     subprocess.run(
         [
             sys.executable,
