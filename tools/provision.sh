@@ -421,7 +421,7 @@ build_node() {
   build_coredns
 }
 
-# kube-score: a static checker of the rendered charts (tests/unit/test_chart_kubescore.py,
+# kube-score: a static checker of the rendered charts (tests/unit/chart/test_chart_kubescore.py,
 # docs/charts.md "kube-score"). One small binary, through go_build_pinned like ct.
 build_kube_score() {
   [ -f "$kube_score_dir/.done" ] && return
@@ -461,7 +461,7 @@ build_nvidia_dra() {
 }
 
 # promtool: Prometheus' rule checker and rule unit tester, for the chart's PrometheusRule and the
-# dashboard's queries (tests/unit/test_chart_monitoring.py, docs/charts.md "Monitoring").
+# dashboard's queries (tests/unit/chart/test_chart_monitoring.py, docs/charts.md "Monitoring").
 build_promtool() {
   [ -f "$promtool_dir/.done" ] && return
   check_go

@@ -1,7 +1,7 @@
 """The settings sections of docs/dev-interfaces.md, generated from the components' tables.
 
 ``python tools/settings_doc.py`` prints them; ``python tools/settings_doc.py --write``
-rewrites the doc. ``tests/unit/test_settings_doc.py`` fails when the doc and the
+rewrites the doc. ``tests/unit/house/test_settings_doc.py`` fails when the doc and the
 code differ. This lives outside the library because it imports every component's
 settings: :mod:`kube_gpu_scheduler.base.config` (the mechanism) imports none of its users.
 """

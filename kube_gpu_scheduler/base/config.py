@@ -7,7 +7,7 @@ settings as a tuple of :class:`Setting` rows and build a frozen dataclass from
 with the variable (or the flag) that holds it. The tables in
 ``docs/dev-interfaces.md`` are generated from the same rows by
 :func:`markdown_table` (``tools/settings_doc.py`` assembles them; this module
-imports none of its users; ``tests/unit/test_settings_doc.py`` keeps them equal).
+imports none of its users; ``tests/unit/house/test_settings_doc.py`` keeps them equal).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the RBAC grants what the scheduler needs, and the helm test commands are readabl
 The cert-manager scenario needs cert-manager's CRDs, which the local control plane does
 not have: its rendered objects minus the cert-manager.io ones go through a server-side
 dry-run instead, and the Issuer/Certificate objects are checked offline
-(tests/unit/test_chart_validate.py)."""
+(tests/unit/chart/test_chart_validate.py)."""
 
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def test_a_noexecute_rule_evicts_the_replica_releases_its_claim_and_it_is_placed
     # The note on the running pod comes only when gpu-scheduler reads the rule before the eviction
     # controller has deleted the pod; in CI the eviction once came 0.7 s after the pin and the
     # scheduler saw the rule and the deletion together. Its text is unit-tested
-    # (tests/unit/test_scheduler_dra_taints.py); here it is checked where it was sent.
+    # (tests/unit/dra/test_scheduler_dra_taints.py); here it is checked where it was sent.
     running = [n for n in notes if " runs with " in n]
     assert all("device-taint-eviction-controller) evicts the pod" in n for n in running), notes
     waits = next(n for n in notes if " waits: " in n)

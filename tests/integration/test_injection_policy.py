@@ -9,7 +9,7 @@ the local control plane. Pods and
 StatefulSets are then created with ``dryRun=All``: the apiserver runs every admission step and
 returns the object it would store, without storing it.
 
-* every case of the rules table (tests/unit/test_rules_table.py): the pod the policy admits
+* every case of the rules table (tests/unit/rules/test_rules_table.py): the pod the policy admits
   carries what the webhook's patch gives it, the StatefulSet is refused where the webhook's
   /validate refuses it, and warned about where the webhook warns (node findings aside: those
   stay with the scheduler);
@@ -362,7 +362,7 @@ def test_rules_table_cases_match_the_webhook(apiserver: Apiserver) -> None:
     from kube_gpu_scheduler.webhook.app import create_app
     from kube_gpu_scheduler.webhook.settings import Settings
     from localcluster.admission import admission_review
-    from tests.unit import test_rules_table as table
+    from tests.unit.rules import test_rules_table as table
 
     node_reasons = {"NodeNotFound", "NoGPUResource", "GPUOutOfRange"}
     problems = []
@@ -443,7 +443,7 @@ def test_nvidia_cdi_mode_agrees_with_the_webhook_on_the_runtime_class(apiserver:
     from kube_gpu_scheduler.webhook.app import create_app
     from kube_gpu_scheduler.webhook.settings import Settings
     from localcluster.admission import admission_review
-    from tests.unit.test_rules_table import Nodes, node
+    from tests.unit.rules.test_rules_table import Nodes, node
 
     scheduler = SCHEDULERS["nvidia-cdi"]
     app = create_app(

@@ -2,7 +2,7 @@
 
 An Event's reason, the ``reason`` label of the failures metric, a CLI finding's
 reason, a log line's ``reason``: each comes from here, so a reason is spelt in
-one place (tests/unit/test_rules_catalogue.py holds scheduler/ to that).
+one place (tests/unit/rules/test_rules_catalogue.py holds scheduler/ to that).
 
 ``RULES`` is what the group modules registered (:func:`.framework.rule`), each
 rule beside its checks: :mod:`.pod` (the map, the ordinal, the injection),

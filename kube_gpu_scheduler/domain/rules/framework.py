@@ -77,7 +77,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def emits(*reasons: str) -> Callable[[F], F]:
     """Mark a check as the filter of these rules: it constructs findings of no other reason
-    (tests/unit/test_rules_catalogue.py reads every check's source to hold it to that)."""
+    (tests/unit/rules/test_rules_catalogue.py reads every check's source to hold it to that)."""
 
     def mark(check: F) -> F:
         for reason in reasons:
