@@ -234,7 +234,7 @@ def test_a_broken_tooling_contract_fails_the_lint(
     assert f"{name} BROKEN" in " ".join(res.stdout.split()), res.stdout[-2000:]
 
 
-@pytest.mark.parametrize("top", [PRODUCT, *TOOLING])
+@pytest.mark.parametrize("top", [PRODUCT, *TOOLING, "tests"])
 def test_no_two_modules_import_each_other(top: str) -> None:
     graph = module_graph(top=top)
     assert len(graph) > 5, f"no modules found in {top}"
