@@ -9,7 +9,7 @@ A row per key documented in values.yaml with a ``# --`` comment (helm-docs' conv
 cert-manager, prometheus-community and argo-helm charts write them): the key's path, its type
 from the schema, its default from values.yaml and the comment. The table sits between the
 markers ``<!-- values:start -->`` and ``<!-- values:end -->``; the rest of the README is prose.
-tests/unit/test_chart_readme.py keeps the tables in step and every value documented.
+The chart unit tests (test_chart_release.py) keep the tables in step and every value documented.
 """
 
 from __future__ import annotations
