@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (1: one process, in file order).
 # tests/conftest.py keeps a module, and every test of the real node, on one worker. Three took
 # 25 minutes where two took 32 (its tests wait on the control plane, the kubelet and Argo CD
-# much of the time; README, "Tests and benchmarks"). `make test-unit` (all CPU) runs on
+# much of the time; docs/testing.md, "The test suite"). `make test-unit` (all CPU) runs on
 # UNIT_WORKERS.
 TEST_WORKERS ?= 3
 UNIT_WORKERS ?= 2

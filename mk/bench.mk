@@ -1,5 +1,5 @@
 # make bench: the gpu-scheduler and its webhook against baselines on the local control plane
-# (bench/, README "Tests and benchmarks"). Writes docs/benchmarks.md and docs/benchmarks.png.
+# (bench/, docs/testing.md "The benchmark harness"). Writes docs/benchmarks.md and docs/benchmarks.png.
 BENCH_SCALE ?= default
 
 .PHONY: bench
