@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 log = logging.getLogger("gpu_scheduling.check")
@@ -27,14 +27,8 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "expected": self.expected,
-            "actual": self.actual,
-            "ok": self.ok,
-            "pod": self.pod,
-            **self.extra,
-        }
+        """The fields in order, then ``extra``'s keys."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, **self.extra}
 
 
 def passed(results: Sequence[Result]) -> bool:
