@@ -43,3 +43,21 @@ def log_result(result: Result, level: int | None = None) -> None:
     # logging refuses extra keys that name LogRecord attributes ("message", "name"...): suffix them.
     extra = {(f"{k}_" if k in _RESERVED else k): v for k, v in result.to_json().items()}
     log.log(level, f"check {result.check} {verdict}", extra=extra)
+
+
+def failed(results: Sequence[Result]) -> list[str]:
+    """The names of the checks that failed."""
+    return [r.check for r in results if r.ok is False]
+
+
+def report(results: Sequence[Result]) -> bool:
+    """Log every result (INFO, a failure WARNING); whether the run passed."""
+    for r in results:
+        log_result(r)
+    return passed(results)
+
+
+def verdict(ok: bool, good: str, bad: str, extra: dict[str, Any]) -> int:
+    """Log a run's verdict (``good`` at INFO, else ``bad`` at ERROR); its exit code."""
+    log.log(logging.INFO if ok else logging.ERROR, good if ok else bad, extra=extra)
+    return EXIT_OK if ok else EXIT_MISMATCH
