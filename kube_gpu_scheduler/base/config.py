@@ -13,6 +13,7 @@ imports none of its users; ``tests/unit/house/test_settings_doc.py`` keeps them 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
@@ -102,6 +103,50 @@ def choice(values: Iterable[str], *, upper: bool = False) -> Parse:
 
 
 log_level = choice(LOG_LEVELS, upper=True)
+
+# spec.schedulerName, a RuntimeClass's name: a DNS subdomain (RFC 1123).
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def dns_subdomain(what: str, *, empty: bool = False) -> Parse:
+    """A parser for a DNS subdomain name (RFC 1123, at most 253 characters): the error says
+    ``is not {what}``. ``empty``: the value is stripped, and empty passes too."""
+
+    def parse(source: str, raw: str) -> str:
+        value = raw.strip() if empty else raw
+        if (value or not empty) and (len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value)):
+            raise SettingsError(f"{source}={value[:80]!r} is not {what}")
+        return value
+
+    return parse
+
+
+def split_namespaced(ref: str) -> tuple[str, str]:
+    """``namespace/name`` as (namespace, name); a part that is missing is empty."""
+    namespace, _, name = ref.partition("/")
+    return namespace, name
+
+
+def is_namespaced(ref: str) -> bool:
+    """``ref`` is ``namespace/name`` with both parts."""
+    return all(split_namespaced(ref))
+
+
+# --- rows more than one program has ----------------------------------------------------------------
+
+KUBECONFIG = "KUBECONFIG"
+
+
+def kubeconfig_setting(help: str, flag: str | None = None, doc_default: str | None = None) -> Setting:
+    """The kubeconfig file, from ``KUBECONFIG`` as kubectl reads it (unset: the program's default)."""
+    return Setting("kubeconfig", KUBECONFIG, text, help, flag, doc_default)
+
+
+def tenancy_grants_setting(
+    env: str, help: str, flag: str | None = None, doc_default: str | None = None
+) -> Setting:
+    """``namespace/name`` of the ConfigMap of resolved GPUPinningPolicy grants (unset: tenancy off)."""
+    return Setting("tenancy_grants", env, text, help, flag, doc_default)
 
 
 # --- reading -------------------------------------------------------------------------------------

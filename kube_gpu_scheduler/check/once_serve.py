@@ -15,13 +15,15 @@ from typing import Any
 from kube_gpu_scheduler.check import nvml
 from kube_gpu_scheduler.check.podcheck import NvmlQuery, run_checks
 from kube_gpu_scheduler.check.results import (
-    EXIT_MISMATCH,
     EXIT_OK,
     EXIT_USAGE,
     Result,
+    failed,
     log,
     log_result,
     passed,
+    report,
+    verdict,
 )
 from kube_gpu_scheduler.check.seen import seen, write_termination_message
 from kube_gpu_scheduler.check.settings import Settings
@@ -30,18 +32,17 @@ from kube_gpu_scheduler.domain.injection import CUDA_VISIBLE_DEVICES, NVIDIA_VIS
 
 def cmd_once(settings: Settings, nvml_query: NvmlQuery = nvml.query) -> int:
     results = run_checks(settings, nvml_query)
-    for r in results:
-        log_result(r)
-    ok = passed(results)
+    ok = report(results)
     record = seen(settings, results)
     log_seen(record)
-    log.log(
-        logging.INFO if ok else logging.ERROR,
-        "placement matches the map" if ok else "placement does NOT match the map",
-        extra={"pod": settings.pod, "ok": ok, "failed": [r.check for r in results if r.ok is False]},
+    code = verdict(
+        ok,
+        "placement matches the map",
+        "placement does NOT match the map",
+        {"pod": settings.pod, "ok": ok, "failed": failed(results)},
     )
     write_termination_message(settings, record)
-    return EXIT_OK if ok else EXIT_MISMATCH
+    return code
 
 
 def log_seen(record: dict[str, Any]) -> None:
@@ -149,10 +150,11 @@ def _run_and_store(settings: Settings, state: _State, nvml_query: NvmlQuery) -> 
     log_visible(settings, now)
     if changed:
         log_seen(record)
-        log.log(
-            logging.INFO if now else logging.ERROR,
-            "ready: placement matches the map" if now else "NOT ready: placement does not match the map",
-            extra={"pod": settings.pod, "ok": now, "failed": [r.check for r in results if r.ok is False]},
+        verdict(
+            now,
+            "ready: placement matches the map",
+            "NOT ready: placement does not match the map",
+            {"pod": settings.pod, "ok": now, "failed": failed(results)},
         )
 
 

@@ -10,7 +10,6 @@ kube_gpu_scheduler.domain.dra, as the scheduler resolves them) and that the clai
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,13 +21,12 @@ from kubernetes.client.exceptions import ApiException
 from kube_gpu_scheduler.check.podcheck import env_results
 from kube_gpu_scheduler.check.release_dra import DraState, dra_results, fetch_dra, pod_mode
 from kube_gpu_scheduler.check.results import (
-    EXIT_MISMATCH,
-    EXIT_OK,
     EXIT_USAGE,
     Result,
     log,
-    log_result,
     passed,
+    report,
+    verdict,
 )
 from kube_gpu_scheduler.check.settings import DRA_MODE
 from kube_gpu_scheduler.domain.injection import CDI_GPU_PREFIX, NVIDIA_VISIBLE_DEVICES
@@ -403,15 +401,13 @@ def cmd_verify_release(args: argparse.Namespace) -> int:
         failing = [f"{r.pod} {r.check}" for r in results if r.ok is False]
         log.info("waiting for the release to converge", extra={**ctx, "failing": failing[:20]})
         time.sleep(min(args.interval, max(0.0, deadline - time.monotonic())))
-    for r in results:
-        log_result(r)
+    ok = report(results)
     if rows:
         _print_rows(rows)
-    ok = passed(results)
     _write_termination_message(getattr(args, "termination_message_path", None), failure_summary(results))
-    log.log(
-        logging.INFO if ok else logging.ERROR,
-        "release matches its maps" if ok else "release does NOT match its maps",
-        extra={**ctx, "ok": ok, "pods": len(rows)},
+    return verdict(
+        ok,
+        "release matches its maps",
+        "release does NOT match its maps",
+        {**ctx, "ok": ok, "pods": len(rows)},
     )
-    return EXIT_OK if ok else EXIT_MISMATCH

@@ -33,15 +33,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube_gpu_scheduler.domain import dra
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError, SchedulingMap, gpu_sort_key, parse
 
 # The claim references in the pod: the own claim's (dra.POD_CLAIM) and the shared ones'.
-OWN_REF = "gpu-scheduler"
+OWN_REF = dra.POD_CLAIM
 SHARED_REF = "gpu-scheduler-shared-"
 SHARED_INFIX = "-shared-"
 # On a shared claim, instead of the own claim's entry: its node and GPUs (``node4:3``).
 SHARED_ANNOTATION = "gpu-scheduler.io/shared"
-OWN_SUFFIX = "-gpus"
+OWN_SUFFIX = dra.CLAIM_SUFFIX
 
 
 def statefulset_name(pod_name: str) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube_gpu_scheduler.base import config
+from kube_gpu_scheduler.base.config import Setting
 from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.podinfo import ordinal_of, pod_map
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError, SchedulingMap
@@ -27,6 +29,7 @@ from kube_gpu_scheduler.domain.schedmap import ANNOTATION, GPU, MapError, Schedu
 # The chart value and the variable that forbid sharing for a release.
 CHART_VALUE = "sharing.allowed"
 ENV = "GPU_SCHEDULER_ALLOW_SHARING"
+
 # The GPUPinningPolicy field that forbids it for a tenant.
 POLICY_FIELD = "allowSharedGPUs"
 
@@ -39,6 +42,11 @@ ADVICE = (
     "a shared GPU is time-sliced by the driver, with no memory isolation between its sharers "
     f"(MIG or MPS give that); {CHART_VALUE}=false forbids sharing"
 )
+
+
+def setting(help: str, flag: str | None = None) -> Setting:
+    """The ``allow_sharing`` row of a program's settings (:data:`ENV`, a boolean)."""
+    return Setting("allow_sharing", ENV, config.boolean, help, flag)
 
 
 def tenant_forbids(policy: str, namespace: str) -> str:

@@ -27,6 +27,11 @@ from kube_gpu_scheduler.kube.jsonio import list_all
 ENV, MAP, DRA = "env", "map", "dra"
 
 
+def replica_json(namespace: str, pod: str, statefulset: str, ordinal: int | None) -> dict[str, Any]:
+    """A replica as the JSON output names it (a bare pod: statefulset null)."""
+    return {"namespace": namespace, "pod": pod, "statefulset": statefulset or None, "ordinal": ordinal}
+
+
 @dataclass(frozen=True)
 class Holder:
     """A pod holding a GPU, and how: ``env`` (its injected variables), ``map`` (its entry on the
@@ -44,13 +49,7 @@ class Holder:
         return f"{self.namespace}/{self.pod}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "statefulset": self.statefulset or None,
-            "ordinal": self.ordinal,
-            "mode": self.mode,
-        }
+        return {**replica_json(self.namespace, self.pod, self.statefulset, self.ordinal), "mode": self.mode}
 
 
 def holder_of(pod: Mapping[str, Any], mode: str) -> Holder:

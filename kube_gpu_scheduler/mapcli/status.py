@@ -23,7 +23,7 @@ from kube_gpu_scheduler.domain.objects import Pod
 from kube_gpu_scheduler.domain.podinfo import entry_for, ordinal_of
 from kube_gpu_scheduler.domain.schedmap import GPU, MapError
 from kube_gpu_scheduler.kube.jsonio import list_all
-from kube_gpu_scheduler.mapcli.live import Cluster, Holder, sort_gpus
+from kube_gpu_scheduler.mapcli.live import Cluster, Holder, replica_json, sort_gpus
 
 FREE = "free"
 
@@ -38,14 +38,8 @@ class Waiting:
     why: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "statefulset": self.statefulset or None,
-            "ordinal": self.ordinal,
-            "wants": self.wants or None,
-            "why": self.why,
-        }
+        replica = replica_json(self.namespace, self.pod, self.statefulset, self.ordinal)
+        return {**replica, "wants": self.wants or None, "why": self.why}
 
 
 def gpu_table(cluster: Cluster, scheduler_name: str) -> dict[str, list[tuple[GPU, list[Holder]]]]:

@@ -24,7 +24,7 @@ from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
 from kube_gpu_scheduler.kube.informer import Informer, Obj
 from kube_gpu_scheduler.kube.tls import server_context
-from kube_gpu_scheduler.scheduler.dra.controller import ClaimController
+from kube_gpu_scheduler.scheduler.dra.controller import CACHES, ClaimController
 from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
 from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
 from kube_gpu_scheduler.scheduler.placing.core import Scheduler
@@ -198,29 +198,18 @@ def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Schedu
         client.ResourceV1Api(api_client),
         client.AppsV1Api(api_client),
     )
-    on_pods, on_claims, on_slices, on_statefulsets, on_rules = claims.handlers()
+    lists: tuple[tuple[Any, dict[str, Any]], ...] = (
+        (core.list_pod_for_all_namespaces, {"label_selector": f"{dra.POD_LABEL}=true"}),
+        (resource.list_resource_claim_for_all_namespaces, {}),
+        (resource.list_resource_slice, {}),
+        (apps.list_stateful_set_for_all_namespaces, {}),
+        (resource.list_device_taint_rule, {}),
+    )
     claims.attach(
-        Informer(
-            "dra-pods",
-            core.list_pod_for_all_namespaces,
-            on_pods,
-            label_selector=f"{dra.POD_LABEL}=true",
-            on_relist=sched.relisted,
-        ),
-        Informer(
-            "resourceclaims",
-            resource.list_resource_claim_for_all_namespaces,
-            on_claims,
-            on_relist=sched.relisted,
-        ),
-        Informer("resourceslices", resource.list_resource_slice, on_slices, on_relist=sched.relisted),
-        Informer(
-            "statefulsets",
-            apps.list_stateful_set_for_all_namespaces,
-            on_statefulsets,
-            on_relist=sched.relisted,
-        ),
-        Informer("devicetaintrules", resource.list_device_taint_rule, on_rules, on_relist=sched.relisted),
+        *(
+            Informer(name, list_fn, on, on_relist=sched.relisted, **kwargs)
+            for name, (list_fn, kwargs), on in zip(CACHES, lists, claims.handlers(), strict=True)
+        )
     )
     return claims
 

@@ -8,7 +8,6 @@ defaults are fixed in ``docs/dev-interfaces.md`` (its table is generated from
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -24,8 +23,6 @@ GpuResourcePolicy = Literal["warn", "deny"]
 
 GPU_RESOURCE_POLICIES: tuple[GpuResourcePolicy, ...] = ("warn", "deny")
 LOG_LEVELS = config.LOG_LEVELS
-# spec.schedulerName is a DNS subdomain (RFC 1123).
-_SCHEDULER_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -66,23 +63,12 @@ class Settings:
         return cls(**config.read_env(TABLE, os.environ if env is None else env))
 
 
-def _scheduler_name(source: str, raw: str) -> str:
-    if len(raw) > 253 or not _SCHEDULER_NAME_RE.fullmatch(raw):
-        raise SettingsError(
-            f"{source}={raw[:80]!r} is not a valid scheduler name "
-            "(lower-case letters, digits, '-' and '.', as spec.schedulerName)"
-        )
-    return raw
-
-
-def _runtime_class(source: str, raw: str) -> str:
-    raw = raw.strip()
-    if raw and (len(raw) > 253 or not _SCHEDULER_NAME_RE.fullmatch(raw)):
-        raise SettingsError(
-            f"{source}={raw[:80]!r} is not a valid RuntimeClass name "
-            "(lower-case letters, digits, '-' and '.'), nor empty"
-        )
-    return raw
+_scheduler_name = config.dns_subdomain(
+    "a valid scheduler name (lower-case letters, digits, '-' and '.', as spec.schedulerName)"
+)
+_runtime_class = config.dns_subdomain(
+    "a valid RuntimeClass name (lower-case letters, digits, '-' and '.'), nor empty", empty=True
+)
 
 
 def _integer(low: int, high: int) -> config.Parse:
@@ -129,26 +115,18 @@ TABLE: tuple[Setting, ...] = (
         "`spec.schedulerName` of the pods the map applies to; a mapped pod of another scheduler gets "
         "no injection and a warning",
     ),
-    Setting(
-        "tenancy_grants",
+    config.tenancy_grants_setting(
         "WEBHOOK_TENANCY_GRANTS",
-        config.text,
         "tenancy: `namespace/name` of the ConfigMap of GPUPinningPolicy grants the scheduler publishes; "
         "a map naming a node no policy grants the namespace is refused (RBAC: that ConfigMap `get`, "
         "`list`, `watch`)",
         doc_default="empty (off)",
     ),
-    Setting(
-        "allow_sharing",
-        sharing.ENV,
-        config.boolean,
+    sharing.setting(
         "a map may give one GPU to several replicas (they share it; admitted with a warning); `false`: "
         f"such a map is refused (`GPUSharingForbidden`; chart value `{sharing.CHART_VALUE}`)",
     ),
-    Setting(
-        "kubeconfig",
-        "KUBECONFIG",
-        config.text,
+    config.kubeconfig_setting(
         "`/validate` warns about nodes from a list+watch cache (RBAC: nodes `list`, `watch`) when it can",
         doc_default="in-cluster, optional",
     ),

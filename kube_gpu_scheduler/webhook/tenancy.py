@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from kubernetes import client
 
+from kube_gpu_scheduler.base.config import split_namespaced
 from kube_gpu_scheduler.domain.rules import NOT_GRANTED, Finding, map_not_granted, sharing_forbidden
 from kube_gpu_scheduler.domain.schedmap import SchedulingMap
 from kube_gpu_scheduler.domain.sharing import tenant_forbids
@@ -147,5 +148,4 @@ def tenancy_lookup(kubeconfig: str | None, grants: str) -> Any:
     """A GrantsCache for ``namespace/name``, or None when tenancy is off."""
     if not grants:
         return None
-    namespace, _, name = grants.partition("/")
-    return GrantsCache(kubeconfig, namespace, name)
+    return GrantsCache(kubeconfig, *split_namespaced(grants))

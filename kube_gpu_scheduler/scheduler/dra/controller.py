@@ -113,6 +113,11 @@ def _terminal(pod: Mapping[str, Any]) -> bool:
     return Pod(pod).phase in ("Succeeded", "Failed")
 
 
+# The names of the controller's informers (and of their caches in the health checks), in the
+# order of its handlers and of ``attach``'s arguments.
+CACHES = ("dra-pods", "resourceclaims", "resourceslices", "statefulsets", "devicetaintrules")
+
+
 @dataclass(frozen=True)
 class Replica:
     """The replica a worker looks at: its pod, its entry, and that entry resolved on its node."""
@@ -170,7 +175,7 @@ class ClaimController(ClaimWrites):
         self.statefulsets: Cache
 
     def handlers(self) -> tuple[Handler, Handler, Handler, Handler, Handler]:
-        """What the DRA pods, claims, slices, StatefulSets and DeviceTaintRules informers call."""
+        """In the order of :data:`CACHES`: what the DRA pods, claims, slices, StatefulSets and DeviceTaintRules informers call."""
         return self._on.handlers()
 
     def attach(self, pods: Cache, claims: Cache, slices: Cache, statefulsets: Cache, rules: Cache) -> None:
@@ -179,13 +184,8 @@ class ClaimController(ClaimWrites):
         self.tainted.rules = rules
 
     def caches(self) -> dict[str, Cache]:
-        return {
-            "dra-pods": self.pods,
-            "resourceclaims": self.claims,
-            "resourceslices": self.slices,
-            "statefulsets": self.statefulsets,
-            "devicetaintrules": self.tainted.rules,
-        }
+        caches = (self.pods, self.claims, self.slices, self.statefulsets, self.tainted.rules)
+        return dict(zip(CACHES, caches, strict=True))
 
     # -- leadership and workers ----------------------------------------------------------------
 

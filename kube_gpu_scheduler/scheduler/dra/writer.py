@@ -30,33 +30,36 @@ JSON_PATCH = "application/json-patch+json"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
 
 
-def _done(err: ApiException, *stale: ApiError) -> bool:
-    """False for an answer in ``stale`` (changed or gone under us); raise anything else."""
-    if api_error(err) in stale:
-        return False
-    raise err
-
-
 class ClaimWriter:
     def __init__(self, api_client: Any, field_manager: str) -> None:
         self._api = api_client
         self._field_manager = field_manager
 
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        stale: tuple[ApiError, ...],
+        *,
+        managed: bool = True,
+        content_type: str = "application/json",
+    ) -> bool:
+        """One write: True when done, False for an answer in ``stale`` (changed or gone under us);
+        raise anything else. ``managed``: as this field manager."""
+        query = [("fieldManager", self._field_manager)] if managed else []
+        try:
+            send_json(self._api, method, path, body, TIMEOUT, query=query, content_type=content_type)
+        except ApiException as err:
+            if api_error(err) in stale:
+                return False
+            raise
+        return True
+
     def create(self, body: Mapping[str, Any]) -> bool:
         """POST the claim; False when one of that name exists already (our watch is behind)."""
         meta = Meta(body)
-        try:
-            send_json(
-                self._api,
-                "POST",
-                CLAIMS.format(namespace=meta.namespace),
-                body,
-                TIMEOUT,
-                query=[("fieldManager", self._field_manager)],
-            )
-        except ApiException as err:
-            return _done(err, ApiError.CONFLICT)
-        return True
+        return self._send("POST", CLAIMS.format(namespace=meta.namespace), body, (ApiError.CONFLICT,))
 
     def open_gate(self, pod: Mapping[str, Any]) -> bool:
         """Remove the pod's gate (a JSON patch that tests the gate is where it was)."""
@@ -67,18 +70,14 @@ class ClaimWriter:
             {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": dra.GATE},
             {"op": "remove", "path": f"/spec/schedulingGates/{at}"},
         ]
-        try:
-            send_json(
-                self._api,
-                "PATCH",
-                f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}",
-                patch,
-                TIMEOUT,
-                content_type=JSON_PATCH,
-            )
-        except ApiException as err:
-            return _done(err, ApiError.CONFLICT, ApiError.NOT_FOUND, ApiError.INVALID)
-        return True
+        return self._send(
+            "PATCH",
+            f"/api/v1/namespaces/{meta.namespace}/pods/{meta.name}",
+            patch,
+            (ApiError.CONFLICT, ApiError.NOT_FOUND, ApiError.INVALID),
+            managed=False,
+            content_type=JSON_PATCH,
+        )
 
     def put_reserved(self, claim: Mapping[str, Any], reserved: Sequence[Mapping[str, Any]]) -> bool:
         """Write the claim's ``status.reservedFor`` (as read, at its resourceVersion)."""
@@ -95,30 +94,20 @@ class ClaimWriter:
             "spec": claim.get("spec"),
             "status": {**meta.status, "reservedFor": list(reserved) or None},
         }
-        try:
-            send_json(
-                self._api,
-                "PUT",
-                f"{CLAIMS.format(namespace=meta.namespace)}/{meta.name}/status",
-                body,
-                TIMEOUT,
-                query=[("fieldManager", self._field_manager)],
-            )
-        except ApiException as err:
-            return _done(err, ApiError.CONFLICT, ApiError.NOT_FOUND)
-        return True
+        return self._send(
+            "PUT",
+            f"{CLAIMS.format(namespace=meta.namespace)}/{meta.name}/status",
+            body,
+            (ApiError.CONFLICT, ApiError.NOT_FOUND),
+        )
 
     def delete(self, claim: Mapping[str, Any]) -> bool:
         """Delete the claim, this UID only."""
         meta = Meta(claim)
-        try:
-            send_json(
-                self._api,
-                "DELETE",
-                f"{CLAIMS.format(namespace=meta.namespace)}/{meta.name}",
-                {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.uid}},
-                TIMEOUT,
-            )
-        except ApiException as err:
-            return _done(err, ApiError.CONFLICT, ApiError.NOT_FOUND)
-        return True
+        return self._send(
+            "DELETE",
+            f"{CLAIMS.format(namespace=meta.namespace)}/{meta.name}",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": meta.uid}},
+            (ApiError.CONFLICT, ApiError.NOT_FOUND),
+            managed=False,
+        )

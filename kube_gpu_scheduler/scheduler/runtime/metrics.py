@@ -19,95 +19,85 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.pods_bound = Counter(
-            "gpu_scheduler_pods_bound", "Pods bound to their mapped node by this process.", registry=r
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, registry=r)
+
+        def histogram(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, buckets=LATENCY_BUCKETS, registry=r)
+
+        self.pods_bound = counter(
+            "gpu_scheduler_pods_bound", "Pods bound to their mapped node by this process."
         )
-        self.failures = Counter(
+        self.failures = counter(
             "gpu_scheduler_scheduling_failures",
             "Scheduling attempts that did not bind, by reason (each retry counts).",
-            ["reason"],
-            registry=r,
+            "reason",
         )
         for reason in (*ALL_REASONS, API_ERROR, BOUND_ELSEWHERE, GANG_WAITING):
             self.failures.labels(reason)  # export zeros, so rate() works from the start
-        self.bind_latency = Histogram(
-            "gpu_scheduler_bind_latency_seconds",
-            "Time from first seeing a pod pending to binding it.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.bind_latency = histogram(
+            "gpu_scheduler_bind_latency_seconds", "Time from first seeing a pod pending to binding it."
         )
-        self.leader = Gauge("gpu_scheduler_leader", "1 while this process holds the Lease.", registry=r)
-        self.leader_renewal_age = Gauge(
+        self.leader = gauge("gpu_scheduler_leader", "1 while this process holds the Lease.")
+        self.leader_renewal_age = gauge(
             "gpu_scheduler_leader_last_renewal_age_seconds",
             "Seconds since this process saw the Lease record change (NaN without leader election).",
-            registry=r,
         )
         self.leader_renewal_age.set(math.nan)
-        self.leader_healthy = Gauge(
+        self.leader_healthy = gauge(
             "gpu_scheduler_leader_healthy",
             "1 while some replica keeps the Lease (renewed within 2x the lease duration), else 0.",
-            registry=r,
         )
         self.leader_healthy.set(1)
-        self.queue_depth = Gauge(
-            "gpu_scheduler_queue_depth", "Pods waiting in the work queue (ready or retrying).", registry=r
+        self.queue_depth = gauge(
+            "gpu_scheduler_queue_depth", "Pods waiting in the work queue (ready or retrying)."
         )
-        self.unschedulable = Gauge(
-            "gpu_scheduler_unschedulable_pods",
-            "Pods last refused and waiting for their cause to go.",
-            registry=r,
+        self.unschedulable = gauge(
+            "gpu_scheduler_unschedulable_pods", "Pods last refused and waiting for their cause to go."
         )
-        self.not_injected = Counter(
+        self.not_injected = counter(
             "gpu_scheduler_not_injected_pods",
             "Mapped pods seen without the webhook's GPU variables (admitted while it was down or slow).",
-            registry=r,
         )
-        self.recreated = Counter(
+        self.recreated = counter(
             "gpu_scheduler_pods_recreated",
             "Pods admitted without injection that were deleted so that their controller recreates them.",
-            registry=r,
         )
-        self.kubelet_refusals = Counter(
+        self.kubelet_refusals = counter(
             "gpu_scheduler_kubelet_refusals",
             "Pods this scheduler bound that the node's kubelet refused at admission, by status.reason.",
-            ["reason"],
-            registry=r,
+            "reason",
         )
-        self.gc_full = Counter(
+        self.gc_full = counter(
             "gpu_scheduler_gc_full_collections",
             "Full garbage collections, by when they ran: quiet (no pod being placed) or deadline.",
-            ["when"],
-            registry=r,
+            "when",
         )
-        self.gc_full_seconds = Counter(
+        self.gc_full_seconds = counter(
             "gpu_scheduler_gc_full_collection_seconds",
             "Seconds spent in full garbage collections (the process holds its interpreter lock).",
-            registry=r,
         )
         for when in ("quiet", "deadline"):
             self.gc_full.labels(when)
-        self.watch_relists = Counter(
-            "gpu_scheduler_watch_relists",
-            "Full lists of a watched resource (start, 410 Gone).",
-            ["resource"],
-            registry=r,
+        self.watch_relists = counter(
+            "gpu_scheduler_watch_relists", "Full lists of a watched resource (start, 410 Gone).", "resource"
         )
 
-        self.gangs_waiting = Gauge(
+        self.gangs_waiting = gauge(
             "gpu_scheduler_gangs_waiting",
             "Gangs (gpu-scheduler.io/gang) with no replica bound yet because one cannot be placed.",
-            registry=r,
         )
-        self.gangs_admitted = Counter(
+        self.gangs_admitted = counter(
             "gpu_scheduler_gangs_admitted",
             "Gangs whose every replica could be placed, so all were reserved and bound together.",
-            registry=r,
         )
-        self.gang_wait = Histogram(
+        self.gang_wait = histogram(
             "gpu_scheduler_gang_wait_seconds",
             "Time a gang waited, from its first refusal to its admission (0 when it never waited).",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self._view = _View(list, dict)
         r.register(self._view)

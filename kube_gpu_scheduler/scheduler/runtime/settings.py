@@ -111,8 +111,7 @@ class Settings:
         """``tenancy_grants`` as (namespace, name), or None."""
         if not self.tenancy_grants:
             return None
-        namespace, _, name = self.tenancy_grants.partition("/")
-        return namespace, name
+        return config.split_namespaced(self.tenancy_grants)
 
     def validate(self) -> Settings:
         problems = []
@@ -159,7 +158,7 @@ class Settings:
             self.injection_scope()
         except (ValueError, SelectorError) as err:
             problems.append(f"GPU_SCHEDULER_INJECTION_NAMESPACES is not a label selector in JSON: {err}")
-        if self.tenancy_grants and not all(self.tenancy_grants.partition("/")[::2]):
+        if self.tenancy_grants and not config.is_namespaced(self.tenancy_grants):
             problems.append(
                 f"GPU_SCHEDULER_TENANCY_GRANTS must be namespace/name, got {self.tenancy_grants!r}"
             )
@@ -251,10 +250,7 @@ TABLE: tuple[Setting, ...] = (
     Setting(
         "log_level", "GPU_SCHEDULER_LOG_LEVEL", config.text, "DEBUG, INFO, WARNING, ERROR", "--log-level"
     ),
-    Setting(
-        "kubeconfig",
-        "KUBECONFIG",
-        config.text,
+    config.kubeconfig_setting(
         "kubeconfig file (`kube_gpu_scheduler.kube.client.load_client`)",
         "--kubeconfig",
         "in-cluster config",
@@ -383,10 +379,8 @@ TABLE: tuple[Setting, ...] = (
         "every granting policy's limits; write the policies' status",
         "--tenancy",
     ),
-    Setting(
-        "tenancy_grants",
+    config.tenancy_grants_setting(
         "GPU_SCHEDULER_TENANCY_GRANTS",
-        config.text,
         "tenancy: `namespace/name` of the ConfigMap the resolved grants are published to (admission reads it)",
         "--tenancy-grants",
         "none",
@@ -400,10 +394,7 @@ TABLE: tuple[Setting, ...] = (
         "--injection-namespaces",
         "every namespace",
     ),
-    Setting(
-        "allow_sharing",
-        sharing.ENV,
-        config.boolean,
+    sharing.setting(
         "a map may give one GPU to several replicas, who share it; `false`: a replica that shares a GPU "
         f"is not bound (`GPUSharingForbidden`; chart value `{sharing.CHART_VALUE}`)",
         "--allow-sharing",
