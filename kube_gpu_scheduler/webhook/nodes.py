@@ -15,8 +15,6 @@ RBAC: ``list`` and ``watch`` on nodes (no ``get``).
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,6 +26,7 @@ from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import KubeConfigError, load_client
 from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import IGNORE, Informer, Obj
+from kube_gpu_scheduler.webhook.perprocess import PerProcessWatch
 
 log = logging.getLogger("webhook.nodes")
 
@@ -61,12 +60,14 @@ class NodeLookup(Protocol):
         ...
 
 
-class NodeCache:
+class NodeCache(PerProcessWatch):
     """Nodes from a list-then-watch of the API, kept in memory for :meth:`get`.
 
     The thread starts on the first :meth:`start` or :meth:`get` in a process, so a
     gunicorn worker starts its own after the fork (threads do not survive one).
     """
+
+    thread_name = "webhook-node-cache"
 
     def __init__(
         self,
@@ -75,33 +76,11 @@ class NodeCache:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         backoff_max_s: float = BACKOFF_MAX_S,
     ):
+        super().__init__("the node cache has not listed the nodes yet")
         self._kubeconfig = kubeconfig
         self._watch_timeout_s = watch_timeout_s
         self._backoff_max_s = backoff_max_s
-        self._lock = threading.Lock()
-        self._informer: Informer | None = None
-        self._why = "the node cache has not listed the nodes yet"
-        self._pid: int | None = None
-        self._stop = threading.Event()
         self.lists = 0  # completed lists (the first one and every relist), for tests and logs
-
-    # ------------------------------------------------------------------ the request side
-    def start(self) -> None:
-        """Start the watch thread in this process unless it already runs (cheap: called per request)."""
-        if self._pid == os.getpid():
-            return
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            # A fork copied the parent's memory but not its thread: start afresh.
-            self._pid = os.getpid()
-            self._informer = None
-            self._why = "the node cache has not listed the nodes yet"
-            threading.Thread(target=self._run, name="webhook-node-cache", daemon=True).start()
-
-    def stop(self) -> None:
-        """Ask the thread to end (at its next event or retry; it is a daemon either way)."""
-        self._stop.set()
 
     @property
     def synced(self) -> bool:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import threading
 from typing import Any, Protocol
 
 from kubernetes import client
@@ -37,6 +35,7 @@ from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.client import load_client
 from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import IGNORE, Informer
+from kube_gpu_scheduler.webhook.perprocess import PerProcessWatch
 from kube_gpu_scheduler.webhook.review import Request
 
 log = logging.getLogger("webhook.grants")
@@ -55,28 +54,14 @@ class GrantsLookup(Protocol):
         ...
 
 
-class GrantsCache:
+class GrantsCache(PerProcessWatch):
     """The grants ConfigMap from a list-then-watch, started in the worker process on first use."""
 
+    thread_name = "webhook-grants"
+
     def __init__(self, kubeconfig: str | None, namespace: str, name: str) -> None:
+        super().__init__("the grants have not been read yet")
         self._kubeconfig, self.namespace, self.name = kubeconfig, namespace, name
-        self._lock = threading.Lock()
-        self._informer: Informer | None = None
-        self._pid: int | None = None
-        self._why = "the grants have not been read yet"
-        self._stop = threading.Event()
-
-    def start(self) -> None:
-        if self._pid == os.getpid():
-            return
-        with self._lock:
-            if self._pid == os.getpid():
-                return
-            self._pid, self._informer = os.getpid(), None  # a fork copies no thread: start afresh
-            threading.Thread(target=self._run, name="webhook-grants", daemon=True).start()
-
-    def stop(self) -> None:
-        self._stop.set()
 
     def grants(self) -> Grants:
         self.start()
