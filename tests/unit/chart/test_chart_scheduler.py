@@ -580,7 +580,7 @@ def test_webhook_client_auth_mounts_the_ca() -> None:
     assert volumes["client-ca"]["configMap"]["name"] == f"{WEBHOOK}-client-ca"
     # Off by default: no ConfigMap, no variable, no mount.
     docs = render(CHART, values=webhook_values())
-    assert not [d for d in find(docs, "ConfigMap") if not is_hook(d)]
+    assert [d["metadata"]["name"] for d in find(docs, "ConfigMap") if not is_hook(d)] == [f"{FULL}-test-ca"]
     assert "WEBHOOK_CLIENT_CA_FILE" not in env_of(container(webhook_deployment(docs), "webhook"))
 
 
