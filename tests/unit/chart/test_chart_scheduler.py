@@ -325,7 +325,9 @@ def test_scheduler_container() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     spec = pod_spec(dep)
     assert spec["serviceAccountName"] == FULL
-    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}  # control-plane nodes preferred, never required
+    assert spec["nodeSelector"] == {
+        "kubernetes.io/os": "linux"
+    }  # control-plane nodes preferred, never required
     assert spec["affinity"] == PREFER_CONTROL_PLANE
     assert {t["key"] for t in spec["tolerations"]} == {
         "node-role.kubernetes.io/control-plane",

@@ -364,7 +364,9 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
     hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
     assert {p["spec"]["containers"][0]["args"][0] for p in hook_pods} == {"verify-release", "wait-ready"}
     for pod in hook_pods:
-        assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}  # a managed cluster has no control-plane node
+        assert pod["spec"]["nodeSelector"] == {
+            "kubernetes.io/os": "linux"
+        }  # a managed cluster has no control-plane node
         assert pod["spec"]["affinity"] == prefer
         assert pod["spec"]["tolerations"] == control_plane
     spec = pod_spec(sts(docs))
