@@ -152,14 +152,47 @@ The username the apiserver gives the scheduler's ServiceAccount token.
 {{- end }}
 
 {{/*
+An image reference, REPOSITORY@DIGEST when a digest is given, else REPOSITORY:TAG, with the
+registry a mirror gives: global.imageRegistry (a parent chart's, or --set global.imageRegistry)
+over the chart-local registry (image.registry, extender.kubeScheduler.image.registry) over
+the one the repository names. Either replaces the repository's registry, its first component
+when that has a "." or a ":" or is "localhost" (Docker's rule), and keeps its path:
+mirror.example:5000 + registry.k8s.io/kube-scheduler = mirror.example:5000/kube-scheduler.
+Call: include "gpu-scheduler.imageRef" (dict "root" $ "registry" R "repository" P "tag" T "digest" D)
+*/}}
+{{- define "gpu-scheduler.imageRef" -}}
+{{- $registry := ((.root.Values.global).imageRegistry) | default .registry | default "" }}
+{{- $repository := .repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) (regexReplaceAll "^([^/]*[.:][^/]*|localhost)/" $repository "") }}
+{{- end }}
+{{- if .digest }}
+{{- printf "%s@%s" $repository .digest }}
+{{- else }}
+{{- printf "%s:%s" $repository .tag }}
+{{- end }}
+{{- end }}
+
+{{/*
 Container image: repository@digest when image.digest is set (a release's packaged chart
-pins the digest it pushed), else repository:tag (tag default: the chart's appVersion).
+pins the digest it pushed), else repository:tag (tag default: the chart's appVersion); the
+registry as "gpu-scheduler.imageRef" says.
 */}}
 {{- define "gpu-scheduler.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "gpu-scheduler.imageRef" (dict "root" . "registry" .Values.image.registry "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
+{{- end }}
+
+{{/*
+"true" when this release renders the GPUPinningPolicy CRD: crds.install, and the CRD is not
+already in the cluster under another owner (another release, or kubectl). Helm refuses to
+install an object another release owns, so the second release of a cluster leaves the CRD to
+the first. `helm template` and client-side dry runs see no cluster: they render it.
+*/}}
+{{- define "gpu-scheduler.installCrd" -}}
+{{- if .Values.crds.install }}
+{{- $crd := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "gpupinningpolicies.gpu-scheduler.io" }}
+{{- $annotations := (($crd).metadata).annotations | default dict }}
+{{- if or (not $crd) (and (eq (get $annotations "meta.helm.sh/release-name") .Release.Name) (eq (get $annotations "meta.helm.sh/release-namespace") .Release.Namespace)) }}true{{- end }}
 {{- end }}
 {{- end }}
 
@@ -482,7 +515,7 @@ kube-scheduler image: extender.kubeScheduler.image.tag, else the cluster's versi
 {{- define "gpu-scheduler.kubeSchedulerImage" -}}
 {{- $img := .Values.extender.kubeScheduler.image }}
 {{- $tag := $img.tag | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) }}
-{{- printf "%s:%s" $img.repository $tag }}
+{{- include "gpu-scheduler.imageRef" (dict "root" . "registry" $img.registry "repository" $img.repository "tag" $tag) }}
 {{- end }}
 
 {{/*
@@ -601,7 +634,7 @@ Image of the helm test pods.
 {{- define "gpu-scheduler.testImage" -}}
 {{- $img := .Values.tests.image }}
 {{- if or $img.repository $img.tag }}
-{{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- include "gpu-scheduler.imageRef" (dict "root" . "registry" .Values.image.registry "repository" (default .Values.image.repository $img.repository) "tag" (default (default .Chart.AppVersion .Values.image.tag) $img.tag)) }}
 {{- else }}
 {{- include "gpu-scheduler.image" . }}
 {{- end }}

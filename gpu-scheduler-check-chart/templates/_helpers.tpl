@@ -113,14 +113,32 @@ ServiceAccount name of the check pods.
 {{- end }}
 
 {{/*
-Container image.
+An image reference, REPOSITORY@DIGEST when a digest is given, else REPOSITORY:TAG, with the
+registry a mirror gives: global.imageRegistry (a parent chart's, or --set global.imageRegistry)
+over image.registry over the one the repository names. Either replaces the repository's
+registry, its first component when that has a "." or a ":" or is "localhost" (Docker's rule),
+and keeps its path (the scheduler chart's "gpu-scheduler.imageRef", the same rule).
+Call: include "gpu-scheduler-check.imageRef" (dict "root" $ "repository" P "tag" T "digest" D)
+*/}}
+{{- define "gpu-scheduler-check.imageRef" -}}
+{{- $registry := ((.root.Values.global).imageRegistry) | default .root.Values.image.registry | default "" }}
+{{- $repository := .repository }}
+{{- if $registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" $registry) (regexReplaceAll "^([^/]*[.:][^/]*|localhost)/" $repository "") }}
+{{- end }}
+{{- if .digest }}
+{{- printf "%s@%s" $repository .digest }}
+{{- else }}
+{{- printf "%s:%s" $repository .tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+Container image: repository@digest when image.digest is set, else repository:tag (default:
+the chart's appVersion); the registry as "gpu-scheduler-check.imageRef" says.
 */}}
 {{- define "gpu-scheduler-check.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
-{{- end }}
+{{- include "gpu-scheduler-check.imageRef" (dict "root" . "repository" .Values.image.repository "tag" (default .Chart.AppVersion .Values.image.tag) "digest" .Values.image.digest) }}
 {{- end }}
 
 {{/*
@@ -147,7 +165,7 @@ Image of the helm test pod.
 {{- define "gpu-scheduler-check.testImage" -}}
 {{- $img := .Values.tests.image }}
 {{- if or $img.repository $img.tag }}
-{{- printf "%s:%s" (default .Values.image.repository $img.repository) (default (default .Chart.AppVersion .Values.image.tag) $img.tag) }}
+{{- include "gpu-scheduler-check.imageRef" (dict "root" . "repository" (default .Values.image.repository $img.repository) "tag" (default (default .Chart.AppVersion .Values.image.tag) $img.tag)) }}
 {{- else }}
 {{- include "gpu-scheduler-check.image" . }}
 {{- end }}

@@ -58,13 +58,15 @@ def test_scheduler_chart_helm_tests_pass_against_the_running_release(
 
     sa = release_service_account(cluster, release, namespace)
     sa_kubeconfig = cluster.service_account_kubeconfig(namespace, sa)
-    hooks_text = cluster.helm("get", "hooks", release, "--namespace", namespace).stdout
+    # The CA ConfigMap is an object of the release, not a hook (helm test --logs reads a pod per hook).
+    manifest_text = cluster.helm("get", "manifest", release, "--namespace", namespace).stdout
     commands = hook_commands(cluster, release, namespace)
     assert {c.pod.rsplit("-", 1)[-1] for c in commands} == {"health", "webhook"}
 
     # The CA the webhook hook mounts (its ConfigMap, rendered from webhook.caBundle).
+    assert all(c.pod.endswith(("-test-health", "-test-webhook")) for c in commands)
     ca_files: dict[str, Path] = {}
-    for doc in yaml.safe_load_all(hooks_text):
+    for doc in yaml.safe_load_all(manifest_text):
         if doc and doc["kind"] == "ConfigMap" and "ca.crt" in doc.get("data", {}):
             (tmp_path / "hook-ca.crt").write_text(doc["data"]["ca.crt"])
     for c in commands:

@@ -215,7 +215,8 @@ def test_webhook_url_mode_install_and_rbac(
     values = isolate_webhooks(webhook_host_values("https://127.0.0.1:9", cluster.ca_bundle()), namespace)
     release = helm_release(f"gu-{namespace}", namespace, values, SCHEDULER_CHART)
     docs = manifest_objects(cluster, release, namespace)
-    assert {d["kind"] for d in docs} == {
+    # The GPUPinningPolicy CRD only when this release found it missing (crds.install; shared).
+    assert {d["kind"] for d in docs} - {"CustomResourceDefinition"} == {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",

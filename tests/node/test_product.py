@@ -207,7 +207,7 @@ def test_scheduler_health_and_metrics_answer_through_its_service(product: Produc
 def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> None:
     """The chart's own `helm test`: its pods run on the real node and reach the scheduler's and the
     webhook's Services by their DNS names (cluster DNS: CoreDNS on the node). A passing test pod
-    is deleted (hook-succeeded), so where they ran is sampled while they run."""
+    is kept for `helm test --logs`; where they ran is sampled while they run."""
     seen: dict[str, tuple[str | None, str | None]] = {}
     done = threading.Event()
 
@@ -220,7 +220,9 @@ def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> No
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        res = product.cluster.helm("test", product.release, "-n", product.namespace, "--timeout", "180s")
+        res = product.cluster.helm(
+            "test", product.release, "-n", product.namespace, "--timeout", "180s", "--logs"
+        )
     finally:
         done.set()
         sampler.join(timeout=30)
@@ -232,8 +234,11 @@ def test_helm_test_passes_with_its_pods_on_the_real_node(product: Product) -> No
     )
     assert {f"{product.release}-test-health", f"{product.release}-test-webhook"} <= set(seen), seen
     assert {node for node, _ in seen.values()} == {NODE_NAME}, seen
-    # Passed, so deleted: nothing of the test stays behind.
-    assert _pods(product.cluster, product.namespace, "app.kubernetes.io/component=test") == []
+    # Passed and kept (before-hook-creation alone): --logs printed each pod's output.
+    for pod in (f"{product.release}-test-health", f"{product.release}-test-webhook"):
+        assert f"POD LOGS: {pod}" in res.stdout, res.stdout
+    kept = _pods(product.cluster, product.namespace, "app.kubernetes.io/component=test")
+    assert {p["status"].get("phase") for p in kept} == {"Succeeded"}, kept
 
 
 class WebhookKiller(threading.Thread):
@@ -376,6 +381,17 @@ def test_helm_upgrade_that_rolls_the_webhook_never_admits_a_mapped_pod_without_d
 def test_helm_uninstall_leaves_nothing_behind(product: Product) -> None:
     cluster = product.cluster
     cluster.helm("uninstall", product.release, "-n", product.namespace, "--wait", "--timeout", "120s")
+    # helm uninstall leaves hooks, the helm test pods kept for --logs among them: removed as
+    # docs/charts.md "helm test" says.
+    cluster.kubectl(
+        "delete",
+        "pod",
+        "-n",
+        product.namespace,
+        "-l",
+        f"app.kubernetes.io/instance={product.release},app.kubernetes.io/component=test",
+        "--ignore-not-found",
+    )
     kinds = (
         "deployments,replicasets,pods,services,endpointslices,serviceaccounts,secrets,configmaps,roles,"
         "rolebindings,leases,poddisruptionbudgets,networkpolicies"

@@ -345,6 +345,7 @@ def chart_kinds() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "MutatingAdmissionPolicy",
+        "CustomResourceDefinition",
         "MutatingAdmissionPolicyBinding",
     }
     all_features = {

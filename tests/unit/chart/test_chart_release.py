@@ -20,6 +20,7 @@ from tests.support.tools import load_tool
 REPO = Path(__file__).resolve().parents[3]
 DIGEST = "sha256:" + "ab" * 32
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+LINUX = "kubernetes.io/os"
 
 
 def pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -77,7 +78,7 @@ def test_the_table_shows_type_default_and_text() -> None:
     text = (SCHEDULER_CHART / "README.md").read_text()
     assert '| `image.digest` | string | `""` | Image digest (sha256:<64 hex>)' in text
     assert "| `preferControlPlane` | boolean | `true` |" in text
-    assert "| `nodeSelector` | object | `{}` |" in text
+    assert '| `nodeSelector` | object | `{"kubernetes.io/os":"linux"}` |' in text
 
 
 # ---------------------------------------------------------------- Chart.yaml for Artifact Hub
@@ -118,8 +119,9 @@ def test_no_pod_requires_a_control_plane_node(chart: Path) -> None:
 
 
 def test_requiring_the_control_plane_as_before() -> None:
+    """A nodeSelector given is merged with the default (Helm merges maps)."""
     docs = render(SCHEDULER_CHART, values={"nodeSelector": {CONTROL_PLANE: ""}})
-    assert all(spec["nodeSelector"] == {CONTROL_PLANE: ""} for spec in pods(docs))
+    assert all(spec["nodeSelector"] == {LINUX: "linux", CONTROL_PLANE: ""} for spec in pods(docs))
 
 
 def test_image_digest_pins_every_container() -> None:

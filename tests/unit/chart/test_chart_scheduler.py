@@ -120,7 +120,13 @@ def test_ci_scenarios_are_the_documented_ones() -> None:
 
 def test_defaults_are_scheduler_only() -> None:
     docs = render(CHART)
-    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {"Service", "Deployment", "NetworkPolicy"}
+    # The GPUPinningPolicy CRD too (crds.install), whether tenancy is on or not.
+    assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {
+        "Service",
+        "Deployment",
+        "NetworkPolicy",
+        "CustomResourceDefinition",
+    }
     dep = one(docs, "Deployment")
     assert dep["metadata"]["name"] == FULL
     assert [c["name"] for c in pod_spec(dep)["containers"]] == ["scheduler"]
@@ -319,7 +325,9 @@ def test_scheduler_container() -> None:
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     spec = pod_spec(dep)
     assert spec["serviceAccountName"] == FULL
-    assert "nodeSelector" not in spec  # control-plane nodes preferred, never required
+    assert spec["nodeSelector"] == {
+        "kubernetes.io/os": "linux"
+    }  # control-plane nodes preferred, never required
     assert spec["affinity"] == PREFER_CONTROL_PLANE
     assert {t["key"] for t in spec["tolerations"]} == {
         "node-role.kubernetes.io/control-plane",
@@ -519,10 +527,8 @@ def test_webhook_deployment_container_and_service() -> None:
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["webhook-certs"]["secret"]["secretName"] == f"{WEBHOOK}-tls"
     assert spec["automountServiceAccountToken"] is True
-    assert (
-        "nodeSelector" not in spec
-        and spec["affinity"]["nodeAffinity"] == PREFER_CONTROL_PLANE["nodeAffinity"]
-    )
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert spec["affinity"]["nodeAffinity"] == PREFER_CONTROL_PLANE["nodeAffinity"]
     assert "checksum/webhook-tls" in dep["spec"]["template"]["metadata"]["annotations"]
     svc = one(docs, "Service", WEBHOOK)
     assert svc["spec"]["ports"] == [
@@ -576,7 +582,7 @@ def test_webhook_client_auth_mounts_the_ca() -> None:
     assert volumes["client-ca"]["configMap"]["name"] == f"{WEBHOOK}-client-ca"
     # Off by default: no ConfigMap, no variable, no mount.
     docs = render(CHART, values=webhook_values())
-    assert not [d for d in find(docs, "ConfigMap") if not is_hook(d)]
+    assert [d["metadata"]["name"] for d in find(docs, "ConfigMap") if not is_hook(d)] == [f"{FULL}-test-ca"]
     assert "WEBHOOK_CLIENT_CA_FILE" not in env_of(container(webhook_deployment(docs), "webhook"))
 
 
@@ -781,6 +787,7 @@ def test_webhook_url_mode_renders_only_the_configurations() -> None:
     assert kinds(docs) == RBAC_KINDS | POLICY_KINDS | {
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
+        "CustomResourceDefinition",
     }
     # Both ServiceAccounts, for the processes run outside the cluster.
     assert {d["metadata"]["name"] for d in find(docs, "ServiceAccount")} == {FULL, WEBHOOK}

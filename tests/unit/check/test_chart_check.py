@@ -341,7 +341,7 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
     pre-install/pre-upgrade wait-ready pod) only call the API: by default they go where
     gpu-scheduler-chart puts the scheduler and the webhook (control-plane nodes preferred, never
     required, their NoSchedule taint tolerated); the StatefulSet keeps its own tolerations and
-    no nodeSelector (the map places it)."""
+    only the Linux nodeSelector (the map places it). Every pod selects Linux nodes."""
     control_plane = [
         {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
@@ -364,17 +364,21 @@ def test_hook_pods_run_where_the_scheduler_runs_not_on_the_mapped_gpu_nodes() ->
     hook_pods = [d for d in docs if is_hook(d) and d["kind"] == "Pod"]
     assert {p["spec"]["containers"][0]["args"][0] for p in hook_pods} == {"verify-release", "wait-ready"}
     for pod in hook_pods:
-        assert "nodeSelector" not in pod["spec"]  # a managed cluster has no control-plane node
+        assert pod["spec"]["nodeSelector"] == {
+            "kubernetes.io/os": "linux"
+        }  # a managed cluster has no control-plane node
         assert pod["spec"]["affinity"] == prefer
         assert pod["spec"]["tolerations"] == control_plane
     spec = pod_spec(sts(docs))
-    assert "nodeSelector" not in spec and "tolerations" not in spec and "affinity" not in spec
+    assert spec["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert "tolerations" not in spec and "affinity" not in spec
     # Requiring control-plane nodes (as before 0.2.0), or another pool; the preference off.
     required = {"hookPods": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}
     assert [p["spec"]["nodeSelector"] for p in find(render(CHART, values=required), "Pod")] == [
-        {"node-role.kubernetes.io/control-plane": ""}
+        {"kubernetes.io/os": "linux", "node-role.kubernetes.io/control-plane": ""}
     ] * len(hook_pods)
-    off = find(render(CHART, values={"hookPods": {"preferControlPlane": False, "tolerations": []}}), "Pod")
+    anywhere = {"preferControlPlane": False, "tolerations": [], "nodeSelector": {"kubernetes.io/os": None}}
+    off = find(render(CHART, values={"hookPods": anywhere}), "Pod")
     assert len(off) == len(hook_pods)
     assert all(not {"nodeSelector", "tolerations", "affinity"} & set(p["spec"]) for p in off)
     res = template(CHART, values={"hookPods": {"nodeselector": {}}})

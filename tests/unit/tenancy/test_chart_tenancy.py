@@ -29,8 +29,13 @@ ON = {"tenancy": {"enabled": True}}
 
 
 def test_tenancy_is_off_by_default_and_renders_nothing_of_it() -> None:
+    """Nothing but the CRD, whose lifecycle is its own (crds.install): policies can be written
+    before tenancy is turned on."""
     docs = render(CHART, extra=POLICY_MODE)
-    assert not find(docs, "CustomResourceDefinition")
+    assert find(docs, "CustomResourceDefinition")
+    assert not find(
+        render(CHART, values={"crds": {"install": False}}, extra=POLICY_MODE), "CustomResourceDefinition"
+    )
     assert not find(docs, "ConfigMap", GRANTS)
     assert not find(docs, "ValidatingAdmissionPolicy", f"{FULL}-tenancy")
     env = env_of(container(scheduler_deployment(docs), "scheduler"))
