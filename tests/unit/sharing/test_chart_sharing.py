@@ -65,8 +65,9 @@ def test_by_default_a_shared_map_is_admitted_and_warned_about_in_the_pythons_wor
     # matchConditions leave the controller's pods out), of this release's scheduler.
     assert variables(warn)["sharingChecked"] == "variables.onTemplate && variables.ours"
     conditions = {c["name"]: c["expression"] for c in warn["spec"]["matchConditions"]}
-    assert "system:serviceaccount:kube-system:statefulset-controller" in (
-        conditions["not-from-the-statefulset-controller"]
+    assert (
+        "system:serviceaccount:kube-system:statefulset-controller"
+        in (conditions["not-from-the-statefulset-controller"])
     )
 
 
