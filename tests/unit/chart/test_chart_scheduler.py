@@ -733,6 +733,10 @@ def test_mutating_webhook_configuration() -> None:
     assert whose["expression"] == (
         "object.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
     )
+    # The webhook's integration tests register the same condition with the real apiserver.
+    from tests.integration.fixtures_webhook import POD_SCHEDULER_CONDITION
+
+    assert whose["expression"] == POD_SCHEDULER_CONDITION
     (expr,) = hook["namespaceSelector"]["matchExpressions"]
     assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
     assert NS in expr["values"] and "kube-system" in expr["values"]
@@ -758,6 +762,9 @@ def test_validating_webhook_configuration() -> None:
     assert whose["expression"] == (
         "object.?spec.?template.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
     )
+    from tests.integration.fixtures_webhook import STATEFULSET_SCHEDULER_CONDITION
+
+    assert whose["expression"] == STATEFULSET_SCHEDULER_CONDITION
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"][0] == NS
     docs = render(CHART, values={**webhook_values(validating={"enabled": False})})
     assert not find(docs, "ValidatingWebhookConfiguration")
