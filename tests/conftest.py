@@ -85,7 +85,7 @@ BESIDE_ALONE = "the real node's tests, the suite's longest chain: waiting would 
 
 
 # Tests that are one unit together, apart from their module's others (whose fixtures are then
-# made once more on the worker that runs them), in order: the injection policy's three slowest,
+# made once more on the worker that runs them), in order: the injection policy's four slowest,
 # minutes of work beside the module's others. Each keeps the apiserver's CPU busy, and a 256 KiB
 # map's StatefulSet costs about 7 s of it against the create handler's fixed 34 s deadline: they
 # are marked ``alone`` (tests/support/alone.py) and run while no other worker runs a test (beside
@@ -97,6 +97,7 @@ GROUPS = {
         "test_generated_maps_agree_with_the_parser",
         "test_the_largest_map_is_admitted_within_the_cost_limits",
         "test_the_largest_malformed_map_is_refused_by_the_policy",
+        "test_a_256_kib_map_is_admitted_with_three_releases_side_by_side",
     )
 }
 # The units that take minutes, longest first (measured with --durations=0) but for the one that

@@ -113,6 +113,13 @@ def admit_statefulset(
         log.debug("no %s annotation on the pod template, allowed", ANNOTATION, extra=ctx)
         return Verdict(allowed=True)
 
+    pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
+    if pod_spec.get("schedulerName") != settings.scheduler_name:
+        # Not this scheduler's map (none reads it, or another release's: the webhook
+        # configuration sends only the former): said so, and not parsed, so that N releases
+        # side by side cost what one does. Its own release checks it.
+        return allow(ctx, pod_template_findings(pod_spec, settings.scheduler_name, "spec.template.spec"))
+
     try:
         smap = parse_cached(text)
     except MapError as exc:
@@ -120,17 +127,13 @@ def admit_statefulset(
         log.info("denied: malformed map", extra={**ctx, "error": str(exc), "reasons": [invalid.reason]})
         return Verdict.deny(400, invalid.message)
 
-    pod_spec = dict_at(template, "spec", "spec.template.spec", req.uid)
-    # PCI bus IDs: this scheduler's StatefulSets only (another release may run in DRA mode).
-    needs_dra = (
-        pci_needs_dra(smap.values()) if pod_spec.get("schedulerName") == settings.scheduler_name else []
-    )
+    # PCI bus IDs (another release, which does not look here, may run in DRA mode).
+    needs_dra = pci_needs_dra(smap.values())
     if needs_dra:
         log.info("denied: %s", needs_dra[0].reason, extra={**ctx, "reasons": [needs_dra[0].reason]})
         return Verdict.deny(400, needs_dra[0].message)
-    # Sharing forbidden for the release: this scheduler's StatefulSets (another release may allow it).
-    ours = pod_spec.get("schedulerName") == settings.scheduler_name
-    forbidden = [] if settings.allow_sharing or not ours else sharing_forbidden(smap, RELEASE_FORBIDS)
+    # Sharing forbidden for the release (another release may allow it).
+    forbidden = [] if settings.allow_sharing else sharing_forbidden(smap, RELEASE_FORBIDS)
     if forbidden:
         log.info("denied: %s", forbidden[0].reason, extra={**ctx, "reasons": [forbidden[0].reason]})
         return Verdict.deny(403, forbidden[0].message)
@@ -141,7 +144,7 @@ def admit_statefulset(
 
     # nvidia-cdi mode: every replica of this scheduler would be refused for its RuntimeClass.
     foreign = foreign_runtime_class(pod_spec, settings.injection_mode, settings.runtime_class_name)
-    if foreign is not None and pod_spec.get("schedulerName") == settings.scheduler_name:
+    if foreign is not None:
         refusal = runtime_class_conflict(foreign, settings.runtime_class_name, "spec.template.spec")
         log.info("denied: %s", refusal.reason, extra={**ctx, "reasons": [refusal.reason]})
         return Verdict.deny(403, refusal.message)
@@ -153,8 +156,7 @@ def admit_statefulset(
     replicas = _int_at(spec, "replicas", 1, "spec.replicas", req.uid)
     ordinals = dict_at(spec, "ordinals", "spec.ordinals", req.uid)
     start = _int_at(ordinals, "start", 0, "spec.ordinals.start", req.uid)
-    if ours:
-        findings += gpus_shared(smap)
+    findings += gpus_shared(smap)
     findings += replica_findings(smap, start, replicas)
     findings += pod_template_findings(pod_spec, settings.scheduler_name, "spec.template.spec")
     findings += node_findings(smap, nodes, ctx)

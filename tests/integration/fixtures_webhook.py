@@ -39,6 +39,15 @@ STATEFULSET_CONDITION = (
     f"'{ANNOTATION}' in object.spec.template.metadata.annotations) || "
     f"(has(object.metadata.annotations) && '{ANNOTATION}' in object.metadata.annotations)"
 )
+# As the chart's: this scheduler's objects (gpu-scheduler, the webhook's default) and the maps no
+# scheduler reads, never another named scheduler's (tests/unit/chart/test_chart_scheduler.py
+# keeps the chart's the same).
+POD_SCHEDULER_CONDITION = (
+    "object.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
+)
+STATEFULSET_SCHEDULER_CONDITION = (
+    "object.?spec.?template.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
+)
 # The probe map: replica 0 on node1 (a node of the session cluster) with GPU 3.
 PROBE_MAP = "0=node1:3\n"
 
@@ -123,7 +132,10 @@ def webhook_configurations(name: str, namespace: str, server: WebhookServer) -> 
                 "reinvocationPolicy": "IfNeeded",
                 "clientConfig": {"url": f"{server.url}/mutate", "caBundle": server.ca_bundle},
                 "rules": [POD_CREATE_RULE],
-                "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": POD_CONDITION}],
+                "matchConditions": [
+                    {"name": "has-gpu-scheduling-map", "expression": POD_CONDITION},
+                    {"name": "for-this-scheduler-or-none", "expression": POD_SCHEDULER_CONDITION},
+                ],
             }
         ],
     }
@@ -145,7 +157,10 @@ def webhook_configurations(name: str, namespace: str, server: WebhookServer) -> 
                         "scope": "Namespaced",
                     }
                 ],
-                "matchConditions": [{"name": "has-gpu-scheduling-map", "expression": STATEFULSET_CONDITION}],
+                "matchConditions": [
+                    {"name": "has-gpu-scheduling-map", "expression": STATEFULSET_CONDITION},
+                    {"name": "for-this-scheduler-or-none", "expression": STATEFULSET_SCHEDULER_CONDITION},
+                ],
             }
         ],
     }
@@ -172,7 +187,8 @@ def _probe_statefulset(namespace: str) -> dict[str, Any]:
             "selector": {"matchLabels": {"app": "probe"}},
             "template": {
                 "metadata": {"labels": {"app": "probe"}, "annotations": {ANNOTATION: "not a map"}},
-                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+                # The webhook's own scheduler: only its maps are parsed (and refused).
+                "spec": {"schedulerName": "gpu-scheduler", "containers": [{"name": "c", "image": "busybox"}]},
             },
         },
     }

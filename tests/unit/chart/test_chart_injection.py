@@ -218,13 +218,53 @@ def test_the_map_policy_leaves_the_statefulset_controllers_pods_to_the_statefuls
     assert "request.userInfo.username != 'system:serviceaccount:kube-system:statefulset-controller'" in skip
     assert "request.userInfo.username != 'system:kube-controller-manager'" in skip
     assert "request.kind.kind != 'Pod' ||" in skip
-    # The mutation and the warnings still see every pod (the warning about shared GPUs aside: the
-    # controller's pods carry a template it was given for).
+    # The mutation still sees every pod; the warnings skip the controller's too (they would reach
+    # no user, and the template was warned about when written).
     assert "userInfo" not in str(one(docs, "MutatingAdmissionPolicy", f"{FULL}-inject")["spec"])
     warnings = one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map-warnings")["spec"]
-    assert "userInfo" not in str(warnings["matchConditions"])
-    uses = [v["name"] for v in warnings["variables"] if "userInfo" in v["expression"]]
-    assert uses == ["sharingChecked"]
+    assert {c["name"]: c["expression"] for c in warnings["matchConditions"]}[
+        "not-from-the-statefulset-controller"
+    ] == skip
+    assert not [v["name"] for v in warnings["variables"] if "userInfo" in v["expression"]]
+
+
+# The policies that read the map, and what each matches besides this release's scheduler's objects.
+MAP_READERS = {
+    f"{FULL}-map": (),
+    f"{FULL}-map-warnings": ("''", "'default-scheduler'"),
+    f"{FULL}-inject": (),
+    f"{FULL}-tenancy": (),
+    f"{FULL}-runtime-class": (),
+}
+
+
+def test_each_policy_that_reads_the_map_matches_its_own_schedulers_objects_only() -> None:
+    """N releases side by side cost what one does: a release's policies evaluate the objects
+    whose schedulerName is its own (a pod's spec.schedulerName, a StatefulSet's
+    spec.template.spec.schedulerName), the warnings also a map no scheduler reads."""
+    values = {**POLICY, "scheduler": {"name": "my-gpus"}, "tenancy": {"enabled": True}}
+    docs = render(
+        CHART,
+        values={**values, "injection": {**POLICY["injection"], "deviceMode": "nvidia-cdi"}},
+        extra=SERVED,
+    )
+    policies = {
+        d["metadata"]["name"]: d
+        for d in docs
+        if d["kind"] in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")
+    }
+    assert set(MAP_READERS) <= set(policies), sorted(policies)
+    for name, also in MAP_READERS.items():
+        conditions = " && ".join(c["expression"] for c in policies[name]["spec"]["matchConditions"])
+        assert "'my-gpus'" in conditions, name
+        kinds = {r["resources"][0] for r in policies[name]["spec"]["matchConstraints"]["resourceRules"]}
+        assert "object.?spec.?schedulerName" in conditions, name
+        if "statefulsets" in kinds:
+            assert "object.?spec.?template.?spec.?schedulerName" in conditions, name
+        for other in also:
+            assert other in conditions, name
+        # Nothing in the policy asks again whose the object is.
+        assert "variables.checked" not in str(policies[name]["spec"]), name
 
 
 @pytest.mark.parametrize("dra", [False, True])

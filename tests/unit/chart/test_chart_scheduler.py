@@ -733,8 +733,16 @@ def test_mutating_webhook_configuration() -> None:
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["failurePolicy"] == "Ignore"
     assert 1 <= hook["timeoutSeconds"] <= 30
-    (cond,) = hook["matchConditions"]
+    cond, whose = hook["matchConditions"]
     assert "'gpu-scheduling-map' in object.metadata.annotations" in cond["expression"]
+    # This release's scheduler's pods, or a map no scheduler reads: never another release's.
+    assert whose["expression"] == (
+        "object.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
+    )
+    # The webhook's integration tests register the same condition with the real apiserver.
+    from tests.integration.fixtures_webhook import POD_SCHEDULER_CONDITION
+
+    assert whose["expression"] == POD_SCHEDULER_CONDITION
     (expr,) = hook["namespaceSelector"]["matchExpressions"]
     assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"
     assert NS in expr["values"] and "kube-system" in expr["values"]
@@ -755,8 +763,14 @@ def test_validating_webhook_configuration() -> None:
         }
     ]
     assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
-    (cond,) = hook["matchConditions"]
+    cond, whose = hook["matchConditions"]
     assert "object.spec.template.metadata.annotations" in cond["expression"]
+    assert whose["expression"] == (
+        "object.?spec.?template.?spec.?schedulerName.orValue('') in ['gpu-scheduler', '', 'default-scheduler']"
+    )
+    from tests.integration.fixtures_webhook import STATEFULSET_SCHEDULER_CONDITION
+
+    assert whose["expression"] == STATEFULSET_SCHEDULER_CONDITION
     assert hook["namespaceSelector"]["matchExpressions"][0]["values"][0] == NS
     docs = render(CHART, values={**webhook_values(validating={"enabled": False})})
     assert not find(docs, "ValidatingWebhookConfiguration")

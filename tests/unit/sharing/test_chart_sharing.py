@@ -61,8 +61,14 @@ def test_by_default_a_shared_map_is_admitted_and_warned_about_in_the_pythons_wor
     message = variables(warn)["sharingMessage"]
     assert f"'; {sharing.ADVICE}'" in message
     assert "'gpu-scheduling-map shares GPUs between replicas: '" in message
-    # Only for a StatefulSet or a pod not created by the StatefulSet controller.
-    assert "system:serviceaccount:kube-system:statefulset-controller" in variables(warn)["sharingChecked"]
+    # Only for a StatefulSet or a pod not created by the StatefulSet controller (the policy's
+    # matchConditions leave the controller's pods out), of this release's scheduler.
+    assert variables(warn)["sharingChecked"] == "variables.onTemplate && variables.ours"
+    conditions = {c["name"]: c["expression"] for c in warn["spec"]["matchConditions"]}
+    assert (
+        "system:serviceaccount:kube-system:statefulset-controller"
+        in (conditions["not-from-the-statefulset-controller"])
+    )
 
 
 def test_a_release_that_forbids_sharing_refuses_in_the_pythons_words() -> None:
@@ -70,8 +76,10 @@ def test_a_release_that_forbids_sharing_refuses_in_the_pythons_words() -> None:
     found = variables(deny)
     assert {"owned", "pairsOnce", "sharingMessage", "sharingMessageWhy"} <= set(found)
     assert f"'{sharing.RELEASE_FORBIDS}'" in found["sharingMessageWhy"]
-    # This scheduler's StatefulSets and pods only: another release may allow sharing.
-    assert "variables.ours && !variables.pairsOnce ? variables.sharingMessage :" in found["problem"]
+    # This scheduler's StatefulSets and pods only (the policy matches no other): another release
+    # may allow sharing.
+    assert "!variables.pairsOnce ? variables.sharingMessage :" in found["problem"]
+    assert "'gpu-scheduler'" in deny["spec"]["matchConditions"][0]["expression"]
     assert "sharingMessage" not in variables(warn)
     assert not [v for v in validations(warn) if "sharing" in v.get("messageExpression", "")]
 

@@ -304,6 +304,22 @@ def test_scheduler_name_is_the_configured_one() -> None:
     assert unset["warnings"][0].endswith("set it to the GPU scheduler's name (gpu-sched-b)")
 
 
+@pytest.mark.parametrize("scheduler", [None, "default-scheduler", "gpu-scheduler-b"])
+def test_a_map_not_of_this_scheduler_is_not_parsed(scheduler: str | None, monkeypatch: Any) -> None:
+    """Another release's map (or one no scheduler reads) is its own release's to check: said
+    so, never parsed here, so N releases side by side cost what one does."""
+    import kube_gpu_scheduler.webhook.validate as v
+
+    def parse_cached(text: str) -> Any:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(v, "parse_cached", parse_cached)
+    response = validate(statefulset("0=node1:x\n", scheduler=scheduler))
+    assert response["allowed"] is True
+    (said,) = response["warnings"]
+    assert said.startswith("spec.template.spec.schedulerName is ")
+
+
 def test_pci_bus_ids_are_refused_for_this_schedulers_statefulsets_only() -> None:
     """GPUNameNeedsDRA on this scheduler's StatefulSets; another scheduler (a second release
     of the chart in DRA mode) may name GPUs by PCI bus ID, and its StatefulSet is only warned
