@@ -295,7 +295,9 @@ def test_verify_release_helm_test() -> None:
     # it, removed by `helm uninstall`), rendered only with tests.enabled.
     assert [(d["kind"], d["metadata"]["name"]) for d in helm_test_hooks(docs)] == [("Pod", f"{FULL}-test")]
     assert not [d for d in hooks if d["kind"] != "Pod" and is_hook(d)]
-    role = one(hooks, "Role", f"{FULL}-test")
+    # Named apart from the pod (and from the 0.1 test hooks a helm test left behind, so an
+    # upgrade never collides with them).
+    role = one(hooks, "Role", f"{FULL}-verify")
     # Least privilege: read the pods, and the StatefulSet for its replica count; create pods
     # for the init container's dry-run (wait-ready); nothing else.
     assert role["rules"] == [
@@ -310,8 +312,8 @@ def test_verify_release_helm_test() -> None:
         ]
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
     assert {b["metadata"]["name"] for b in find(hooks, "RoleBinding")} == {
-        f"{FULL}-test",
-        f"{FULL}-test-lease",
+        f"{FULL}-verify",
+        f"{FULL}-verify-lease",
     }
     pod = one(hooks, "Pod")
     assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
@@ -641,7 +643,7 @@ def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -
     ResourceClaims and list on the (cluster-scoped) ResourceSlices; without it, neither."""
     docs = render(CHART, namespace=NS, set_args=["gpuScheduling.injectionMode=dra"])
     hooks = verification(docs)
-    role = one(hooks, "Role", f"{FULL}-test")
+    role = one(hooks, "Role", f"{FULL}-verify")
     assert role["rules"][-1] == {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaims"],
@@ -653,7 +655,7 @@ def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -
     ]
     binding = one(hooks, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULL}-test", "namespace": NS}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULL}-verify", "namespace": NS}]
     # Objects of the release, as the other RBAC: the Pod stays the only test hook.
     assert not is_hook(cluster_role) and not is_hook(binding)
     assert [d["kind"] for d in helm_test_hooks(docs)] == ["Pod"]
@@ -667,4 +669,4 @@ def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -
     assert (
         not find(plain, "ClusterRole") and "--mode" not in one(plain, "Pod")["spec"]["containers"][0]["args"]
     )
-    assert "resource.k8s.io" not in str(one(plain, "Role", f"{FULL}-test")["rules"])
+    assert "resource.k8s.io" not in str(one(plain, "Role", f"{FULL}-verify")["rules"])
