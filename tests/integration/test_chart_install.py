@@ -178,6 +178,9 @@ def test_check_chart_scenario_installs(
     cluster: Cluster, namespace: str, helm_release: Callable[..., str], values_file: Path
 ) -> None:
     values = yaml.safe_load(values_file.read_text()) or {}
+    # No scheduler chart here: the scheduler's Lease "namespace" is this one (the helm test's
+    # Lease Role, an object of the release, goes there even with --no-hooks).
+    values = {**values, "waitReady": {**values.get("waitReady", {}), "lease": {"namespace": namespace}}}
     # --no-hooks: the pre-install wait-ready Pod would never finish on a kwok node (it runs
     # nothing); its command is checked below and run for real in test_check_wait_ready.py.
     release = helm_release(f"gc-{namespace}", namespace, values, CHECK_CHART, hooks=False)

@@ -330,7 +330,15 @@ def test_verify_release_with_the_chart_test_account(
         assert wait.returncode == 0, wait.stderr[-3000:]
         assert "placement path ready after" in wait.stderr
         # --no-hooks: kwok would never run the pre-install wait-ready Pod (test_check_wait_ready.py runs it).
-        install_chart(cluster, RELEASE, namespace, CHART_VALUES, chart=CHECK_CHART, hooks=False)
+        # tests.enabled=false: the helm test's RBAC (objects of the release) are already here, applied above.
+        install_chart(
+            cluster,
+            RELEASE,
+            namespace,
+            {**CHART_VALUES, "tests": {"enabled": False}},
+            chart=CHECK_CHART,
+            hooks=False,
+        )
         res = verify_release(kubeconfig, args, timeout=90)
         assert res.returncode == 0, res.stdout + res.stderr
         rows = table(res.stdout)

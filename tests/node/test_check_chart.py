@@ -104,8 +104,15 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(
         assert checks["env:CUDA_VISIBLE_DEVICES"]["actual"] == "3"
         assert checks["nvml:indices"]["ok"] is True, checks["nvml:indices"]
         # helm test: the verification pod (wait-ready first) on the real node, over the API.
-        res = cluster.helm("test", CHECK_RELEASE, "-n", CHECK_NS, "--timeout", "240s", check=False)
+        # --logs prints its output, once: the Pod is the chart's only test hook (its RBAC are
+        # objects of the release; as hooks --logs asked for a pod named as each of them).
+        test_pod = f"{CHECK_RELEASE}-test"
+        res = cluster.helm("test", CHECK_RELEASE, "-n", CHECK_NS, "--timeout", "240s", "--logs", check=False)
         assert res.returncode == 0, res.stdout + res.stderr
+        assert res.stdout.count("POD LOGS: ") == 1 and res.stdout.count(f"POD LOGS: {test_pod}\n") == 1, (
+            res.stdout
+        )
+        assert "release matches its maps" in res.stdout.split(f"POD LOGS: {test_pod}", 1)[1], res.stdout
         wait_for(
             lambda: (
                 cluster.kubectl(
@@ -123,5 +130,20 @@ def test_check_chart_pods_run_the_real_check_on_the_real_node(
             timeout=10,
             what="the verification pod on the real node",
         )
+        # `helm uninstall` removes the test RBAC with the release (the kept test pod is a hook: it stays).
+        cluster.helm("uninstall", CHECK_RELEASE, "-n", CHECK_NS, "--wait")
+        left = cluster.kubectl(
+            "get",
+            "serviceaccounts,roles,rolebindings",
+            "-A",
+            "-l",
+            f"app.kubernetes.io/instance={CHECK_RELEASE},app.kubernetes.io/component=test",
+            "-o",
+            "name",
+        ).stdout.split()
+        assert not left, left
     finally:
-        cluster.helm("uninstall", CHECK_RELEASE, "-n", CHECK_NS, "--wait", check=False)
+        cluster.helm("uninstall", CHECK_RELEASE, "-n", CHECK_NS, "--wait", "--ignore-not-found", check=False)
+        cluster.kubectl(
+            "delete", "pod", f"{CHECK_RELEASE}-test", "-n", CHECK_NS, "--ignore-not-found", check=False
+        )

@@ -264,12 +264,40 @@ def component_hooks(docs: list[dict[str, Any]], component: str) -> list[dict[str
     ]
 
 
+VERIFICATION_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Pod"}
+
+
+def verification(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verification (``helm test``) Pod and its RBAC, hooks or not."""
+    return [
+        d
+        for d in docs
+        if d["kind"] in VERIFICATION_KINDS
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "test"
+    ]
+
+
+def helm_test_hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What `helm test` (and `helm test --logs`) walks: the objects whose helm.sh/hook names test."""
+    return [
+        d
+        for d in docs
+        if "test" in (d["metadata"].get("annotations") or {}).get("helm.sh/hook", "").split(",")
+    ]
+
+
 def test_verify_release_helm_test() -> None:
     docs = render(CHART, namespace=NS)
-    hooks = component_hooks(docs, "test")
+    hooks = verification(docs)
     assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
-    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in hooks)
-    role = one(hooks, "Role", f"{FULL}-test")
+    # The Pod is the chart's only test hook: `helm test --logs` asks for the logs of a pod named
+    # as each test hook, whatever its kind. The RBAC are objects of the release (installed with
+    # it, removed by `helm uninstall`), rendered only with tests.enabled.
+    assert [(d["kind"], d["metadata"]["name"]) for d in helm_test_hooks(docs)] == [("Pod", f"{FULL}-test")]
+    assert not [d for d in hooks if d["kind"] != "Pod" and is_hook(d)]
+    # Named apart from the pod (and from the 0.1 test hooks a helm test left behind, so an
+    # upgrade never collides with them).
+    role = one(hooks, "Role", f"{FULL}-verify")
     # Least privilege: read the pods, and the StatefulSet for its replica count; create pods
     # for the init container's dry-run (wait-ready); nothing else.
     assert role["rules"] == [
@@ -284,8 +312,8 @@ def test_verify_release_helm_test() -> None:
         ]
         assert binding["roleRef"]["name"] == binding["metadata"]["name"]
     assert {b["metadata"]["name"] for b in find(hooks, "RoleBinding")} == {
-        f"{FULL}-test",
-        f"{FULL}-test-lease",
+        f"{FULL}-verify",
+        f"{FULL}-verify-lease",
     }
     pod = one(hooks, "Pod")
     assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
@@ -303,35 +331,45 @@ def test_verify_release_helm_test() -> None:
         "/dev/termination-log",
     ]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    # RBAC objects are created before the pod.
-    weights = {d["kind"]: int(d["metadata"]["annotations"].get("helm.sh/hook-weight", 0)) for d in hooks}
-    assert weights["Pod"] > max(weights["ServiceAccount"], weights["Role"], weights["RoleBinding"])
-    assert not component_hooks(render(CHART, set_args=["tests.enabled=false"]), "test")
+    # Kept for --logs until the next `helm test` replaces it.
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert not verification(render(CHART, set_args=["tests.enabled=false"]))
 
 
 def test_the_verification_is_also_an_argocd_sync_hook_in_the_resources_wave() -> None:
     """Argo CD runs the same pod (and its RBAC) as a Sync hook in wave 0: a PostSync hook, or
     a hook in another wave (Argo CD reads helm.sh/hook-weight as the wave), would wait for
-    every resource to be Healthy, which a misplaced replica never is."""
-    hooks = component_hooks(render(CHART), "test")
-    assert {d["kind"] for d in hooks} == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
-    for d in hooks:
-        ann = d["metadata"]["annotations"]
-        assert ann["helm.sh/hook"] == "test", d["kind"]
-        assert ann["argocd.argoproj.io/hook"] == "Sync", d["kind"]
-        assert ann["argocd.argoproj.io/sync-wave"] == "0", d["kind"]
-        assert ann["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation,HookSucceeded"
-    # Nothing else in the chart carries a wave: the sync is one step.
-    assert not [
-        d
-        for d in render(CHART)
-        if not is_hook(d) and "argocd.argoproj.io/sync-wave" in (d["metadata"].get("annotations") or {})
-    ]
-    off = component_hooks(render(CHART, set_args=["tests.argocdHook=false"]), "test")
+    every resource to be Healthy, which a misplaced replica never is. For Helm only the Pod is
+    a (test) hook; the RBAC carry Argo CD's hook annotations alone, which make them Sync hooks
+    there as before (Argo CD ignores an object only when it has a helm.sh/hook and none of
+    its own), created in the wave before the Pod (kind order)."""
+    for mode in ("cuda", "dra"):
+        docs = render(CHART, set_args=[f"gpuScheduling.injectionMode={mode}"])
+        hooks = verification(docs)
+        kinds = {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+        assert {d["kind"] for d in hooks} == (
+            kinds | {"ClusterRole", "ClusterRoleBinding"} if mode == "dra" else kinds
+        )
+        for d in hooks:
+            ann = d["metadata"]["annotations"]
+            assert ann["argocd.argoproj.io/hook"] == "Sync", d["kind"]
+            assert ann["argocd.argoproj.io/sync-wave"] == "0", d["kind"]
+            assert ann["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation,HookSucceeded"
+            assert ("helm.sh/hook" in ann) == (d["kind"] == "Pod"), d["kind"]
+            assert not [k for k in ann if k.startswith("helm.sh/") and d["kind"] != "Pod"], d["kind"]
+        # Nothing else in the chart carries a wave: the sync is one step.
+        assert not [
+            d
+            for d in docs
+            if d not in hooks and "argocd.argoproj.io/sync-wave" in (d["metadata"].get("annotations") or {})
+        ]
+    off = verification(render(CHART, set_args=["tests.argocdHook=false"]))
     assert off and not [
-        d for d in off if any(k.startswith("argocd.argoproj.io/") for k in d["metadata"]["annotations"])
+        d
+        for d in off
+        if any(k.startswith("argocd.argoproj.io/") for k in (d["metadata"].get("annotations") or {}))
     ]
-    (pod,) = find(component_hooks(render(CHART, set_args=["tests.timeoutSeconds=15"]), "test"), "Pod")
+    (pod,) = find(verification(render(CHART, set_args=["tests.timeoutSeconds=15"])), "Pod")
     args = pod["spec"]["containers"][0]["args"]
     assert args[args.index("--timeout") + 1] == "15"
 
@@ -530,7 +568,7 @@ def test_the_verification_pod_waits_first_with_the_same_command() -> None:
     pre-install hook's command, as the verification's ServiceAccount, which holds its rights."""
     docs = render(CHART, namespace=NS)
     pre_install = one(component_hooks(docs, "wait-ready"), "Pod")
-    tests = component_hooks(docs, "test")
+    tests = verification(docs)
     pod = one(tests, "Pod")
     (init,) = pod["spec"]["initContainers"]
     (pre,) = pre_install["spec"]["containers"]
@@ -544,7 +582,7 @@ def test_the_verification_pod_waits_first_with_the_same_command() -> None:
         LEASE_RULE
     ]
     # Off: no init container, no Lease Role, no create right.
-    off = component_hooks(render(CHART, namespace=NS, set_args=["waitReady.enabled=false"]), "test")
+    off = verification(render(CHART, namespace=NS, set_args=["waitReady.enabled=false"]))
     assert "initContainers" not in one(off, "Pod")["spec"]
     assert [r["verbs"] for r in one(off, "Role")["rules"]] == [["get", "list"], ["get"]]
 
@@ -604,8 +642,8 @@ def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -
     """gpuScheduling.injectionMode=dra: verify-release --mode dra, get on the namespace's
     ResourceClaims and list on the (cluster-scoped) ResourceSlices; without it, neither."""
     docs = render(CHART, namespace=NS, set_args=["gpuScheduling.injectionMode=dra"])
-    hooks = component_hooks(docs, "test")
-    role = one(hooks, "Role", f"{FULL}-test")
+    hooks = verification(docs)
+    role = one(hooks, "Role", f"{FULL}-verify")
     assert role["rules"][-1] == {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaims"],
@@ -617,16 +655,18 @@ def test_dra_mode_lets_the_helm_test_read_claims_and_slices_and_nothing_more() -
     ]
     binding = one(hooks, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULL}-test", "namespace": NS}]
-    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in (cluster_role, binding))
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULL}-verify", "namespace": NS}]
+    # Objects of the release, as the other RBAC: the Pod stays the only test hook.
+    assert not is_hook(cluster_role) and not is_hook(binding)
+    assert [d["kind"] for d in helm_test_hooks(docs)] == ["Pod"]
     (c,) = one(hooks, "Pod")["spec"]["containers"]
     assert c["args"][c["args"].index("--mode") + 1] == "dra"
     (init,) = one(hooks, "Pod")["spec"]["initContainers"]
     assert init["args"][init["args"].index("--mode") + 1] == "dra"
     env = env_of(sts(docs)["spec"]["template"]["spec"]["containers"][0])
     assert env["GPU_INJECTION_MODE"] == "dra"
-    plain = component_hooks(render(CHART, namespace=NS), "test")
+    plain = verification(render(CHART, namespace=NS))
     assert (
         not find(plain, "ClusterRole") and "--mode" not in one(plain, "Pod")["spec"]["containers"][0]["args"]
     )
-    assert "resource.k8s.io" not in str(one(plain, "Role", f"{FULL}-test")["rules"])
+    assert "resource.k8s.io" not in str(one(plain, "Role", f"{FULL}-verify")["rules"])
