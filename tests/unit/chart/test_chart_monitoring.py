@@ -7,7 +7,8 @@
   nothing; every alert's ``runbook_url`` names a section of docs/operate.md;
 * the Grafana dashboard: decoded strictly against Grafana's dashboard schema by
   ``tools/dashboard-check`` (the foundation SDK's generated types: unknown or mistyped fields
-  fail), and every query in it parsed by promtool;
+  fail), every query in it parsed by promtool and selecting the release (``$namespace``,
+  ``$job``), "Webhook errors (5m)" reading 0 while healthy;
 * the ServiceMonitors cover every component that serves metrics: the scheduler, and the
   webhook in webhook mode, each selecting its Service and naming a port it has.
 """
@@ -399,6 +400,73 @@ def test_every_alert_links_its_runbook_section_in_the_docs() -> None:
         base, _, anchor = url.partition("#")
         assert base == page, (name, url)
         assert anchor == name.lower() and anchor in anchors, (name, url, "no such section in docs/operate.md")
+
+
+# Dashboard queries that cannot name the release, and why.
+CLUSTER_WIDE = {
+    (
+        "Webhook errors (5m)",
+        "B",
+    ): "the apiserver's fail-open count names the webhook, the same in every release",
+}
+
+
+def _targets() -> list[tuple[str, dict[str, Any]]]:
+    board = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t) for p in board["panels"] for t in p.get("targets", [])]
+
+
+def test_every_panel_query_selects_the_release_by_namespace_and_job() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["namespace"]["type"] == variables["job"]["type"] == "query"
+    assert '$namespace"' in variables["job"]["definition"]  # the jobs of the chosen namespace
+    for title, target in _targets():
+        expr = target["expr"]
+        if (title, target["refId"]) in CLUSTER_WIDE:
+            assert "$" not in expr and "gpu_scheduler_" not in expr, expr
+            continue
+        selectors = re.findall(r"\b(gpu_scheduler_\w+|up)\b(\{[^}]*\})?", expr)
+        assert selectors, (title, expr)
+        for metric, matchers in selectors:
+            assert 'namespace="$namespace"' in matchers, (title, metric, expr)
+            assert re.search(r'job="\$job(-webhook)?"', matchers), (title, metric, expr)
+
+
+def test_the_webhook_errors_panel_reads_0_while_healthy_and_counts_a_first_5xx(tmp_path: Path) -> None:
+    """Only code="200" series exist while healthy: the panel reads 0, not No data; a 5xx series
+    born with the value 1 counts at once (rate() would need a second sample)."""
+    (errors,) = [t["expr"] for title, t in _targets() if title == "Webhook errors (5m)" and t["refId"] == "A"]
+    expr = errors.replace("$namespace", "gpu-ns").replace("$job", RELEASE)
+    tests = {
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("up", f'{W}, pod="w-0"', "1x20"),
+                    series(
+                        "gpu_scheduler_webhook_requests_total",
+                        f'{W}, path="/mutate", code="200", pod="w-0"',
+                        "0+5x20",
+                    ),
+                    series(
+                        "gpu_scheduler_webhook_requests_total",
+                        f'{W}, path="/mutate", code="500", pod="w-0"',
+                        "_x10 1x10",
+                    ),
+                ],
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": "8m", "exp_samples": [{"labels": "{}", "value": 0}]},
+                    {"expr": expr, "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 1}]},
+                    {"expr": expr, "eval_time": "16m", "exp_samples": [{"labels": "{}", "value": 0}]},
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    done = promtool("test", "rules", "tests.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_dashboard_configmap_carries_the_file_for_grafanas_sidecar() -> None:
