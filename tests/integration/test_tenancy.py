@@ -114,7 +114,7 @@ def test_webhook_mode_refuses_with_the_policys_words(tenancy: Tenancy) -> None:
         said = {}
         for team in ("a", "w"):
             res = t.as_tenant(
-                team, "apply", "--dry-run=server", "-n", t.ns[team], "-f", "-", input=sts("w", smap, 2, "gpu-scheduler")
+                team, "apply", "--dry-run=server", "-n", t.ns[team], "-f", "-", input=sts("w", smap, 2, "gpu-scheduler" if team == "w" else t.scheduler_name)
             )  # fmt: skip
             said[team] = denial(res.stderr).replace(t.ns[team], "NS") if res.returncode else "admitted"
         assert said["a"] == said["w"], smap
