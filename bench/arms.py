@@ -93,6 +93,11 @@ class Run:
     dra_keys: int = 0
     dra_key_ms: float = float("nan")
     dra_key_cpu_ms: float = float("nan")
+    # The apiserver phase (bench/apiserver.py): kube-apiserver's CPU seconds per second while
+    # nothing of the run's own was sent, measured just before the run (taken out of its CPU
+    # per object), and the requests the apiserver answered 504 (its 34 s create deadline).
+    apiserver_idle: float = float("nan")
+    gateway_timeouts: int = 0
 
     @property
     def correct(self) -> bool:

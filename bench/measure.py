@@ -41,13 +41,29 @@ def rss_mib(pid: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and its descendants that are alive now (gunicorn workers), in seconds."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
+    return sum(process_cpu_seconds(p) for p in [pid, *descendants(pid)])
+
+
+def stat_cpu_seconds(stat: str, ticks: int) -> float:
+    """utime + stime, in seconds, from the text of a ``/proc/<pid>/stat`` (fields 14 and 15, in
+    clock ticks). The command name (field 2) is in parentheses and may hold spaces and ``)``:
+    the fields are counted from its last ``)``."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def process_cpu_seconds(pid: int, proc: Path = Path("/proc"), ticks: int | None = None) -> float:
+    """utime + stime of ``pid`` alone (no descendants: kube-apiserver has none), in seconds; 0.0
+    when it is gone."""
+    try:
+        return stat_cpu_seconds((proc / str(pid) / "stat").read_text(), ticks or os.sysconf("SC_CLK_TCK"))
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process spent between two readings (``Harness.cpu``), to the millisecond."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
 
 
 def descendants(pid: int) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from bench.apiserver import APISERVER_ARMS, apiserver_ratios
 from bench.arms import ARMS, Run
 from bench.dra import DRA_ARMS
 from bench.drareport import dra_ratios
@@ -206,6 +207,8 @@ def ratios(results: Results, scale: Scale) -> list[tuple[str, str, float, str]]:
             )
     if any(r.arm in TENANCY_ARMS for r in results.runs):
         rows += tenancy_ratios(results.runs, list(scale.groups[0][1]))
+    if any(r.arm in APISERVER_ARMS for r in results.runs):
+        rows += apiserver_ratios(results.runs, scale.apiserver)
     if any(r.arm in DRA_ARMS for r in results.runs):
         rows += dra_ratios(results.runs, scale.dra_plan, scale.dra_foreign)
     mem = results.memory

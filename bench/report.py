@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.apiserver import apiserver_section
 from bench.arms import ARM_NAMES, ARMS, INJECTION_NAMES, INJECTIONS, Run
 from bench.drareport import dra_section
 from bench.ratios import print_ratios, ratio_table, ratios, runs_of
@@ -290,6 +291,26 @@ each run every pod is read back: injected (webhook or policies) each carries
 `CUDA_VISIBLE_DEVICES` of its entry, without injection none.
 
 {webhook_table(results, scale)}
+
+## What the apiserver spends
+
+kube-apiserver's CPU time (utime + stime from `/proc/PID/stat`) per mapped pod create and per
+StatefulSet apply, with one release of gpu-scheduler-chart installed in policy mode (its
+admission policies as helm renders them, default namespace selector), then with three side by
+side (three scheduler names). The unmutated arms send the same objects for a scheduler no release
+serves (every release's matchConditions still run, and its trust policy, which looks at every pod
+carrying the map); the policy arms for the first release's. Pods are posted by
+{scale.create_threads} threads as the StatefulSet controller posts them; StatefulSets are applied
+one at a time (server-side apply; no StatefulSet controller runs, so no pod follows). Before each
+map size's arms the apiserver's idle rate is measured for 1.5 s and that rate times a run's seconds
+is taken out of its CPU. Maps of {", ".join(str(e) for e in scale.apiserver.maps)} entries
+({", ".join(str(n) for n in scale.apiserver.pods)} pods and {", ".join(str(n) for n in scale.apiserver.applies)}
+StatefulSets per run; {scale.apiserver.reps} repetitions, {scale.apiserver.big_reps} of the largest), and with
+three releases a StatefulSet with a {scale.apiserver.largest_kib} KiB map ({scale.apiserver.largest_applies}
+apply per run, {scale.apiserver.big_reps} repetition(s)): a 504 is the apiserver's fixed 34 s
+create deadline, counted and never retried. bench/apiserver.py.
+
+{apiserver_section(results.runs, scale.apiserver)}
 
 ## DRA mode
 

@@ -10,6 +10,8 @@ Order (each step on the same control plane, so the ratios compare like with like
    (A B C L, then B C L A, ...); after each run the placement is read back and checked,
    then its pods are deleted;
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
+   then what kube-apiserver spends per mapped pod create and per StatefulSet apply, with 1 and
+   3 releases of the chart installed in policy mode (bench/apiserver.py);
 6. DRA mode against kube-scheduler on claims made beforehand (bench/dra.py: its own gpu-scheduler
    in DRA mode, started for that phase only); tenancy on against off, arm A each (bench/tenancy.py:
    a second gpu-scheduler with tenancy on, started for that phase only);
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arms
+from bench.apiserver import ApiserverBench
 from bench.arms import (
     ARMS,
     INJECTIONS,
@@ -462,6 +465,7 @@ class Bench(Harness):
             self.bind_arms()
             TenancyBench(self, SCHEDULER, SYSTEM_NS).run()
             self.webhook_arms()
+            ApiserverBench(self).run()
             DraBench(self, TUNED).run()
             self.profile()
         finally:

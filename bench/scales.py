@@ -20,6 +20,30 @@ DRA_PLAN = Plan(100, 500, 1)
 
 
 @dataclass(frozen=True)
+class ApiserverPlan:
+    """The apiserver phase (bench/apiserver.py): what kube-apiserver's CPU is measured on.
+
+    Per map size (entries): ``pods`` mapped pods created, ``applies`` StatefulSets applied one at
+    a time, in each arm of each repetition; the largest maps run ``big_reps`` repetitions (the
+    others ``reps``), and one more map of ``largest_kib`` KiB (the apiserver's limit on an
+    object's annotations is 256) is applied ``largest_applies`` times per repetition of the
+    3-release step."""
+
+    maps: tuple[int, ...] = (3, 500, 3000)
+    pods: tuple[int, ...] = (300, 150, 50)
+    applies: tuple[int, ...] = (10, 6, 3)
+    # Single pairs of PC/UC at 3 entries ranged from 1.1 to 2.0 in a probe on the shared cores:
+    # 5 pairs for the median (2 of the largest maps, whose runs cost the most).
+    reps: int = 5
+    big_reps: int = 2
+    largest_kib: int = 256
+    largest_applies: int = 1
+
+    def reps_of(self, entries: int) -> int:
+        return self.big_reps if entries == max(self.maps) else self.reps
+
+
+@dataclass(frozen=True)
 class Scale:
     name: str
     groups: tuple[tuple[int, tuple[Plan, ...]], ...]  # (node count, plans run at that count)
@@ -41,6 +65,8 @@ class Scale:
     # to 5 pairs of G/A at 5 pods per node still ranged from 0.88 to 1.06 between runs, both
     # arms making the same API requests: 9 pairs since stop 38.
     paired_reps: int = 0
+    # The apiserver's CPU per mapped pod create and per StatefulSet apply, 1 and 3 releases.
+    apiserver: ApiserverPlan = ApiserverPlan()
 
     @property
     def feature_reps(self) -> int:
@@ -64,6 +90,7 @@ SCALES = {
         timeout=120,
         dra_plan=Plan(10, 20, 1),
         dra_foreign=40,
+        apiserver=ApiserverPlan((3, 20), (20, 20), (3, 3), 1, 1, 16, 1),
     ),
     "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=9),
     "full": Scale(

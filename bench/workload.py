@@ -136,26 +136,75 @@ def bind_pods(plan: Plan, *, scheduler_name: str, pin: bool) -> list[PodSpec]:
 WEBHOOK_MAP_NODES = 1000
 
 
-def webhook_pods(pods: int, entries: int) -> list[PodSpec]:
+def _webhook_place(k: int) -> tuple[str, int]:
+    return node_name(k % WEBHOOK_MAP_NODES), k // WEBHOOK_MAP_NODES
+
+
+def webhook_map(entries: int) -> str:
+    """The create arms' map of ``entries`` lines (``WEBHOOK_MAP_NODES`` node names, GPU k // n)."""
+    return "".join("{}={}:{}\n".format(k, *_webhook_place(k)) for k in range(entries))
+
+
+def webhook_pods(pods: int, entries: int, scheduler_name: str = NOBODY) -> list[PodSpec]:
     """``pods`` pending pods sharing one map of ``entries`` lines, ordinals cycling over the map.
 
-    They carry no GPU variables (the webhook adds them) and name a scheduler nobody serves.
+    They carry no GPU variables (the webhook adds them) and name ``scheduler_name`` (by default
+    a scheduler nobody serves).
     """
-    n = WEBHOOK_MAP_NODES
-
-    def place(k: int) -> tuple[str, int]:
-        return node_name(k % n), k // n
-
-    lines = ["{}={}:{}".format(k, *place(k)) for k in range(entries)]
-    text = "\n".join(lines) + "\n"
+    text = webhook_map(entries)
     out = []
     for i in range(pods):
         k = i % entries
-        node, gpu = place(k)
+        node, gpu = _webhook_place(k)
         out.append(
-            PodSpec(f"p-{i}", node, gpu, pod_body(f"p-{i}", k, "wh", text, scheduler_name=NOBODY, env=None))
+            PodSpec(
+                f"p-{i}",
+                node,
+                gpu,
+                pod_body(f"p-{i}", k, "wh", text, scheduler_name=scheduler_name, env=None),
+            )
         )
     return out
+
+
+def sized_map(size: int) -> str:
+    """A valid map of at most ``size`` bytes, as close to it as lines allow:
+    ``N=gpu-node-K.example.com:0,1,2,3`` lines, 4 GPUs per ordinal, 2 ordinals per node (the
+    largest map a StatefulSet can carry: the apiserver's 256 KiB limit on annotations)."""
+    lines: list[str] = []
+    used = o = 0
+    while True:
+        line = f"{o}=gpu-node-{o // 2}.example.com:{','.join(str((o % 2) * 4 + i) for i in range(4))}\n"
+        if used + len(line) > size:
+            return "".join(lines)
+        lines.append(line)
+        used += len(line)
+        o += 1
+
+
+def statefulset_body(name: str, map_text: str, *, scheduler_name: str) -> bytes:
+    """A StatefulSet carrying ``map_text`` on its pod template, one replica per entry (the
+    benchmark's control plane runs no StatefulSet controller: no pod is made)."""
+    labels = {PART_OF: BENCH, WORKLOAD_LABEL: name}
+    doc = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": map_text.count("\n"),
+            "serviceName": name,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION: map_text}},
+                "spec": {
+                    "schedulerName": scheduler_name,
+                    "containers": [{"name": "main", "image": IMAGE}],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        },
+    }
+    return json.dumps(doc).encode()
 
 
 def foreign_pods(count: int, nodes: int = 0) -> list[bytes]:

@@ -3,7 +3,8 @@
 It runs ``python -m bench`` with ``BENCH_SCALE=smoke`` (its own control plane with 10
 kwok nodes, 20 pods per plan, one repetition) and checks that every arm ran (the DRA
 phase's too: the claim controller against kube-scheduler on claims made beforehand, and
-beside other allocated claims), that every correctness check passed and that the report
+beside other allocated claims; the apiserver's CPU per create and per apply with 1 and 3
+releases), that every correctness check passed and that the report
 was written. Timings are never
 asserted: they depend on the machine and on what else runs on it.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.apiserver import APISERVER_ARMS, largest_key, plan_key
 from bench.arms import ARMS
 from bench.dra import DRA_ARMS
 from bench.raw import PodWatch, Raw
@@ -63,7 +65,18 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert dra == {(arm, scale.dra_plan.key) for arm in DRA_ARMS}
     tenancy = {(r["arm"], r["plan"]) for r in measured if r["arm"] in TENANCY_ARMS}
     assert tenancy == {(arm, plan.key) for arm in TENANCY_ARMS for plan in scale.groups[0][1]}
+    # What the apiserver spends: creates and applies, 1 and 3 releases, every map size; the
+    # largest map with 3 releases. A 504 is counted (the report's row), never a failure here.
+    api = scale.apiserver
+    apiserver = {(r["arm"], r["plan"]) for r in measured if r["arm"] in APISERVER_ARMS}
+    assert apiserver == {
+        *((arm, plan_key(n, e)) for arm in APISERVER_ARMS for n in (1, 3) for e in api.maps),
+        *((arm, plan_key(3, largest_key(api))) for arm in ("US", "PS")),
+    }
     for r in measured:
+        if r["arm"] in APISERVER_ARMS:
+            assert r["cpu"]["kube-apiserver"] > 0 and r["apiserver_idle"] >= 0, r
+            continue
         if r["arm"] in DRA_ARMS:
             assert r["pods"] == scale.dra_plan.pods and r["throughput"] > 0, r
             if r["arm"] != "K":
@@ -96,6 +109,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
         "## Bind arms",
         "## Injection: the webhook, the admission policies, nothing",
         "## Tenancy: on against off",
+        "## What the apiserver spends",
         "## DRA mode",
         "## Memory (VmRSS)",
         "## Where the time goes",
@@ -110,6 +124,8 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert "pod creates with the admission policies (injection.mode policy) / without" in res.stdout
     assert "throughput D/K" in res.stdout and "claim controller's CPU per replica key" in res.stdout
     assert "throughput T1/T0" in res.stdout
+    assert "kube-apiserver CPU per mapped pod create, policy mode / unmutated" in res.stdout
+    assert "504s answered to the" in res.stdout
 
 
 def test_the_harness_pod_watch_resumes_when_the_apiserver_ends_it(cluster: Cluster) -> None:
