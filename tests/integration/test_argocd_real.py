@@ -660,6 +660,8 @@ def test_a_path_without_cert_manager_syncs(gitops: GitOps, tmp_path: Path) -> No
     )
     values = {
         "scheduler": {"name": "nocm-scheduler"},
+        # Argo CD renders without the cluster: one Application installs the CRD (docs/charts.md).
+        "crds": {"install": False},
         "webhook": {
             "enabled": True,
             "existingSecret": secret,
@@ -698,6 +700,7 @@ def test_policy_mode_syncs_with_no_certificate(gitops: GitOps) -> None:
     release = "pol"
     values = {
         "scheduler": {"name": "pol-scheduler"},
+        "crds": {"install": False},
         "injection": {
             "mode": "auto",
             # Matches no namespace (the chart also excludes its own): the other tests' pods

@@ -119,6 +119,7 @@ def test_both_charts_install_from_the_registry_and_the_kubelet_pulls_the_image_b
         cluster.helm("show", "values", chart.ref, "--version", chart.version, "--plain-http").stdout
     )
     assert shown["image"] == {
+        "registry": "",  # the mirror's, empty: global.imageRegistry or this one replace the host
         "repository": release.image,
         "tag": "",
         "digest": release.digest,
