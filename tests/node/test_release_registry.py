@@ -48,6 +48,12 @@ def vacated(
     had = release_status(node_cluster, RELEASE, SYSTEM_NS) is not None
     if had:
         node_cluster.helm("uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "120s")
+    # helm uninstall leaves hooks: the helm test pods an earlier `helm test` kept for --logs
+    # (docs/charts.md "helm test").
+    node_cluster.kubectl(
+        "delete", "pod", "-n", SYSTEM_NS, "-l", f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=test",
+        "--ignore-not-found", "--wait",
+    )  # fmt: skip
     try:
         yield
     finally:
