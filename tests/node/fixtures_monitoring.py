@@ -16,6 +16,8 @@
   EndpointSlices and Pods; GET /metrics), never the admin's certificate.
 - Its rules: the chart's rendered PrometheusRule groups, with short ``for:`` and window values
   (prometheusRule.downFor, noLeaderFor, errorWindow), scrape and evaluation every second.
+- The release in use: one mapped pod admitted (a dry run) when Prometheus starts, so the
+  apiserver's admission metrics for the webhook exist, as in any cluster that runs GPU work.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from tests.node.conftest import Product
 
 PROM_NS, PROM_SA = "monitoring", "prometheus"
 # The release's monitoring values in this test: alerts after 2 s instead of minutes, errors
-# counted over 15 s, scrapes every second.
+# counted over 10 s, scrapes every second.
 MONITORING_VALUES: dict[str, Any] = {
-    "prometheusRule": {"enabled": True, "downFor": "2s", "noLeaderFor": "2s", "errorWindow": "15s"},
+    "prometheusRule": {"enabled": True, "downFor": "2s", "noLeaderFor": "2s", "errorWindow": "10s"},
     "serviceMonitor": {"enabled": True, "interval": "1s", "scrapeTimeout": "1s"},
     "grafanaDashboard": {"enabled": True},
 }
@@ -203,6 +205,25 @@ class Prometheus:
         pytest.fail(f"{what}: not within {timeout:.0f}s\n{self.state()}")
 
 
+MAPPED_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "w-0", "annotations": {"gpu-scheduling-map": "0=node1:0"}},
+    "spec": {
+        "schedulerName": "gpu-scheduler",
+        "containers": [{"name": "main", "image": "registry.invalid/never-pulled:kwok"}],
+    },
+}
+
+
+def admit_mapped_pod(product: Product, namespace: str) -> None:
+    """Create a mapped pod as a dry run: the apiserver calls the webhook (or fails open), stores nothing."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(product.cluster.admin_api())
+    core.create_namespaced_pod(namespace, MAPPED_POD, dry_run="All")
+
+
 def _release_values(product: Product) -> dict[str, Any]:
     out = product.cluster.helm("get", "values", product.release, "-n", product.namespace, "-o", "json")
     return dict(json.loads(out.stdout) or {})
@@ -237,9 +258,9 @@ def start_prometheus(product: Product, workdir: Path) -> Prometheus:
     cluster = product.cluster
     cluster.apply(PROM_RBAC)
     cluster.wait_until(
-        lambda: bool(cluster.get_json("serviceaccount", PROM_SA, "-n", PROM_NS)),
+        lambda: len(cluster.get_json("serviceaccounts", "-n", PROM_NS).get("items") or []) >= 2,
         timeout=30,
-        what=f"ServiceAccount {PROM_NS}/{PROM_SA}",
+        what=f"ServiceAccounts {PROM_NS}/{PROM_SA} and default",
     )
     kubeconfig = cluster.service_account_kubeconfig(PROM_NS, PROM_SA, workdir / "prometheus.kubeconfig")
     token = workdir / "token"
@@ -289,6 +310,7 @@ def start_prometheus(product: Product, workdir: Path) -> Prometheus:
     ).start()
     try:
         proc.wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60)
+        admit_mapped_pod(product, PROM_NS)
     except BaseException:
         proc.stop()
         raise

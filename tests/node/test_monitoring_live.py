@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 
 from tests.node.conftest import Product
-from tests.node.fixtures_monitoring import MONITORING_VALUES, Prometheus, prometheus
+from tests.node.fixtures_monitoring import MONITORING_VALUES, Prometheus, admit_mapped_pod, prometheus
 
 __all__ = ["prometheus"]
 
@@ -217,24 +217,13 @@ def test_webhook_down_and_fail_open_fire_while_it_is_scaled_to_zero_and_clear_wh
 ) -> None:
     prom, dep = prometheus, _deployment(product, "webhook")
     replicas = dep["spec"]["replicas"]
-    core = client.CoreV1Api(product.cluster.admin_api())
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "w-0", "annotations": {"gpu-scheduling-map": "0=node1:0"}},
-        "spec": {
-            "schedulerName": "gpu-scheduler",
-            "containers": [{"name": "main", "image": "registry.invalid/never-pulled:kwok"}],
-        },
-    }
 
     def create_mapped_pod() -> None:
         """What the apiserver sends the webhook (a dry run: nothing is stored)."""
-        core.create_namespaced_pod(node_namespace, pod, dry_run="All")
+        admit_mapped_pod(product, node_namespace)
 
-    # Called once while serving: the apiserver's admission histogram for it exists a window
-    # before the first fail-open (the rule's test that its counter is new, not restarted).
-    create_mapped_pod()
+    # The rule counts a new fail-open series whole only where the apiserver had called the
+    # webhook a window before (its admission histogram then existed): the fixture made one call.
     window = WINDOW
     prom.wait(
         lambda: bool(
