@@ -11,8 +11,9 @@
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 #   nvidia-ctk: the container toolkit alone
 #   registry: the CNCF distribution registry (releases pushed and pulled in the tests)
+#   monitoring: promtool, prometheus (the server, for tests/node/test_monitoring_live.py) and dashboard-check
 #   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit,
-#     promtool, prometheus and dashboard-check (monitoring)
+#     promtool and dashboard-check (monitoring without the server)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -621,7 +622,8 @@ for t in "${targets[@]}"; do
     nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
     registry) with_lock "$registry_dir" build_registry ;;
     unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
-          with_lock "$nvidia_ctk_dir" build_nvidia_ctk; build_monitoring ;;
+          with_lock "$nvidia_ctk_dir" build_nvidia_ctk
+          with_lock "$promtool_dir" build_promtool; with_lock "$dashcheck_dir" build_dashcheck ;;
     all) build_all ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

@@ -192,9 +192,10 @@ class Prometheus:
             + "\n  ".join(self.targets() or ["(none)"])
         )
 
-    def wait(self, cond: Any, what: str, timeout: float = 60, poke: Any = None) -> None:
+    def wait(self, cond: Any, what: Any, timeout: float = 60, poke: Any = None) -> None:
         """Poll ``cond()`` every 0.5 s (``poke()`` first, when given) until it is true; fail with
-        the alerts and targets Prometheus has when ``timeout`` passes."""
+        ``what`` (a string, or a function that says it then) and the alerts and targets
+        Prometheus has when ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if poke is not None:
@@ -202,7 +203,7 @@ class Prometheus:
             if cond():
                 return
             time.sleep(0.5)
-        pytest.fail(f"{what}: not within {timeout:.0f}s\n{self.state()}")
+        pytest.fail(f"{what() if callable(what) else what}: not within {timeout:.0f}s\n{self.state()}")
 
 
 MAPPED_POD = {
