@@ -5,14 +5,15 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|dashboard-check|node|nvidia|nvidia-ctk|registry|unit|all]...
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|prometheus|dashboard-check|node|nvidia|nvidia-ctk|registry|unit|all]...
 #   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 #   nvidia-ctk: the container toolkit alone
 #   registry: the CNCF distribution registry (releases pushed and pulled in the tests)
+#   monitoring: promtool, prometheus (the server, for tests/node/test_monitoring_live.py) and dashboard-check
 #   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit,
-#     promtool and dashboard-check (monitoring)
+#     promtool and dashboard-check (monitoring without the server)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
 # prints the bin folders, one per line, for PATH.
 set -euo pipefail
@@ -43,6 +44,7 @@ pause_dir="$CACHE/pause-$PAUSE_VERSION"
 coredns_dir="$CACHE/coredns-$COREDNS_VERSION"
 kube_score_dir="$CACHE/kube-score-$KUBE_SCORE_VERSION"
 promtool_dir="$CACHE/promtool-$PROMETHEUS_VERSION"
+prometheus_dir="$CACHE/prometheus-$PROMETHEUS_VERSION"
 # Ours (tools/dashboard-check/main.go), keyed by its source and the SDK it decodes with.
 dashcheck_dir="$CACHE/dashboard-check-$(sha256sum "$here/dashboard-check/main.go" | cut -c1-12)-$GRAFANA_FOUNDATION_SDK_VERSION"
 nvidia_dra_dir="$CACHE/dra-driver-nvidia-gpu-$DRA_DRIVER_NVIDIA_GPU_VERSION"
@@ -54,7 +56,7 @@ dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cu
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
-    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$promtool_dir/bin" "$dashcheck_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
+    "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$promtool_dir/bin" "$prometheus_dir/bin" "$dashcheck_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
     "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin" \
     "$registry_dir/bin"
 }
@@ -477,6 +479,23 @@ build_promtool() {
   touch "$promtool_dir/.done"
 }
 
+# prometheus: the server itself, from the same module and version as promtool, so a test scrapes
+# the chart's real pods and evaluates its real rules (tests/node/test_monitoring_live.py,
+# docs/operate.md "Prometheus against a release"). remove_all_sd as above, but with the one
+# discovery users point at a cluster: enable_kubernetes_sd (Prometheus' own tag). No
+# builtinassets tag: the web UI's assets are not built (the HTTP API needs none).
+build_prometheus() {
+  [ -f "$prometheus_dir/.done" ] && return
+  check_go
+  local v=github.com/prometheus/common/version
+  log "building prometheus (Prometheus module $PROMETHEUS_VERSION, kubernetes_sd only; cold: several minutes)"
+  GOFLAGS="${GOFLAGS:+$GOFLAGS }-tags=remove_all_sd,enable_kubernetes_sd" \
+    go_build_pinned "$prometheus_dir" github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+    github.com/prometheus/prometheus/cmd/prometheus "-X $v.Version=$PROMETHEUS_VERSION -X $v.Branch=module"
+  "$prometheus_dir/bin/prometheus" --version >&2
+  touch "$prometheus_dir/.done"
+}
+
 # dashboard-check (tools/dashboard-check/main.go): Grafana's dashboard schema, as the foundation
 # SDK's generated types, decodes a dashboard JSON strictly and validates it.
 build_dashcheck() {
@@ -494,6 +513,7 @@ build_dashcheck() {
 
 build_monitoring() {
   with_lock "$promtool_dir" build_promtool
+  with_lock "$prometheus_dir" build_prometheus
   with_lock "$dashcheck_dir" build_dashcheck
 }
 
@@ -595,13 +615,15 @@ for t in "${targets[@]}"; do
     kube-score) with_lock "$kube_score_dir" build_kube_score ;;
     monitoring) build_monitoring ;;
     promtool) with_lock "$promtool_dir" build_promtool ;;
+    prometheus) with_lock "$prometheus_dir" build_prometheus ;;
     dashboard-check) with_lock "$dashcheck_dir" build_dashcheck ;;
     node) with_lock "$node_dir" build_node ;;
     nvidia) build_nvidia ;;
     nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
     registry) with_lock "$registry_dir" build_registry ;;
     unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
-          with_lock "$nvidia_ctk_dir" build_nvidia_ctk; build_monitoring ;;
+          with_lock "$nvidia_ctk_dir" build_nvidia_ctk
+          with_lock "$promtool_dir" build_promtool; with_lock "$dashcheck_dir" build_dashcheck ;;
     all) build_all ;;
     *) log "unknown target $t"; exit 2 ;;
   esac

@@ -322,6 +322,7 @@ def test_the_values_reach_the_rules() -> None:
         gangWaitingFor="5m",
         downFor="3m",
         noLeaderFor="4m",
+        errorWindow="90s",
         severity="page",
         runbookUrl="https://wiki.example/gpu",
         labels={"release": "kp"},
@@ -331,6 +332,9 @@ def test_the_values_reach_the_rules() -> None:
     assert by_name["GPUSchedulerGangWaitingTooLong"]["for"] == "5m"
     assert by_name["GPUSchedulerDown"]["for"] == by_name["GPUSchedulerWebhookDown"]["for"] == "3m"
     assert by_name["GPUSchedulerNoLeader"]["for"] == "4m"
+    for windowed in ("GPUSchedulerWebhookErrors", "GPUSchedulerWebhookFailOpen"):
+        expr = by_name[windowed]["expr"]
+        assert "5m" not in expr and expr.count("offset 90s") == 2 and "[90s]" in expr, expr
     assert by_name["GPUSchedulerWebhookErrors"]["labels"]["severity"] == "page"
     assert (
         by_name["GPUSchedulerDown"]["annotations"]["runbook_url"]
