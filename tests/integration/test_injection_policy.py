@@ -871,8 +871,7 @@ def test_a_gpu_named_by_pci_bus_id_is_refused_outside_dra_mode(apiserver: Apiser
 # -- the maximum size ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow(reason="256 KiB maps through every policy, for the CEL cost limits", budget=600)
-@pytest.mark.alone(reason="each 256 KiB map's admission must finish within the create handler's fixed 34 s")
+@pytest.mark.slow(reason="256 KiB maps through every policy, for the CEL cost limits", budget=300)
 def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver) -> None:
     limit = ANNOTATIONS_LIMIT - len(ANNOTATION.encode())
     largest = large_map(limit)
@@ -895,10 +894,9 @@ def test_the_largest_map_is_admitted_within_the_cost_limits(apiserver: Apiserver
         for mode, scheduler in SCHEDULERS.items()
         for ordinal, user in (("0", STATEFULSET_CONTROLLER), (str(max(parse(text))), None))
     ]
-    # One at a time: a 256 KiB map's StatefulSet costs the apiserver about 7 s of CPU for each
-    # map policy that checks it (one here; every release's in a cluster with several), and the
-    # create handler's deadline is a fixed 34 s: several side by side, or beside the 10,000 maps,
-    # come close to it on 2 busy cores (a 504).
+    # One at a time. A plain 256 KiB map (indices) takes the map policy's fast path (under 1 s of
+    # the apiserver's CPU); the one naming GPUs by UUID too takes the full checks (a few seconds),
+    # still far from the create handler's fixed 34 s.
     for label, text, mode, ordinal, user, sent in pods:
         answer = apiserver.create(sent, as_user=user)
         assert not disagreement(text, ordinal, mode, answer, sent), (label, answer.message)
@@ -989,8 +987,7 @@ def speakers(answer: Answer) -> set[str]:
     return set(re.findall(r"AdmissionPolicy '([^']+)'", " ".join([answer.message, *answer.warnings])))
 
 
-@pytest.mark.slow(reason="a 256 KiB map's StatefulSet for each of three releases side by side", budget=300)
-@pytest.mark.alone(reason="each 256 KiB map's admission must finish within the create handler's fixed 34 s")
+@pytest.mark.slow(reason="a 256 KiB map's StatefulSet for each of three releases side by side", budget=120)
 def test_a_256_kib_map_is_admitted_with_three_releases_side_by_side(apiserver: Apiserver) -> None:
     """This module's three releases (inj-cuda, inj-nvidia, inj-nvidia-cdi: three scheduler names,
     every policy of each in effect): a StatefulSet with the largest map is admitted for each
