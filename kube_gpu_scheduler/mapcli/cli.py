@@ -26,6 +26,7 @@ from kube_gpu_scheduler.domain.rules import (
     GPU_SHARED,
     INVALID_MAP,
     Finding,
+    GPU_COUNT_NEEDS_DRA,
     pci_needs_dra,
     replica_findings,
     resolve,
@@ -77,7 +78,8 @@ class MapReport:
                 "ordinal": e.ordinal,
                 "node": e.node,
                 "gpus": list(e.gpus),
-                "gpu_kind": e.kind,
+                **({"count": e.count} if e.count else {}),
+                "gpu_kind": "count" if e.count else e.kind,
                 "line": e.line,
                 "file_line": self.file_line(e.line),
             }
@@ -128,11 +130,13 @@ def _note(note: Note) -> dict[str, Any]:
 
 
 def _check_names(report: MapReport, dra: bool) -> None:
-    """A GPU named by PCI bus ID is a warning, unless the cluster runs DRA mode (``--dra``)."""
+    """A GPU named by PCI bus ID, or a count entry (``auto(N)``), is a warning, unless the cluster
+    runs DRA mode (``--dra``)."""
     if report.smap is None:
         return
     for x in pci_needs_dra(report.smap.values(), dra):
-        first = next(e for e in report.smap.values() if e.kind == "pci")
+        counted = x.reason == GPU_COUNT_NEEDS_DRA
+        first = next(e for e in report.smap.values() if (e.count > 0) == counted and (counted or e.kind == "pci"))
         report.warnings.append(
             {"file_line": report.file_line(first.line), "message": x.message, "reason": x.reason}
         )

@@ -67,6 +67,7 @@ class ReplicaPlan:
             "ordinal": self.ordinal,
             "node": e.node if e else None,
             "gpus": list(e.gpus) if e else [],
+            **({"count": e.count} if e and e.count else {}),
             "placed": self.placed,
             "reason": self.reason or None,
             "message": self.message or None,
