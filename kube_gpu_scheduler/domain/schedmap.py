@@ -404,7 +404,9 @@ def _count(token: str, *, line: int, text: str, problems: _Problems) -> int | No
     if len(digits) > 2 or int(digits) > MAX_COUNT:
         shown = digits[:20] + ("..." if len(digits) > 20 else "")
         problems.add(
-            line, text, f"GPU count {shown} is larger than {MAX_COUNT} (a ResourceClaim allocates at most {MAX_COUNT} devices)"
+            line,
+            text,
+            f"GPU count {shown} is larger than {MAX_COUNT} (a ResourceClaim allocates at most {MAX_COUNT} devices)",
         )
         return None
     return int(digits)

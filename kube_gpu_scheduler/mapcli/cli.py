@@ -23,10 +23,10 @@ from typing import Any, TextIO
 from kube_gpu_scheduler.base.argtypes import non_negative_int
 from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.rules import (
+    GPU_COUNT_NEEDS_DRA,
     GPU_SHARED,
     INVALID_MAP,
     Finding,
-    GPU_COUNT_NEEDS_DRA,
     pci_needs_dra,
     replica_findings,
     resolve,
@@ -136,7 +136,9 @@ def _check_names(report: MapReport, dra: bool) -> None:
         return
     for x in pci_needs_dra(report.smap.values(), dra):
         counted = x.reason == GPU_COUNT_NEEDS_DRA
-        first = next(e for e in report.smap.values() if (e.count > 0) == counted and (counted or e.kind == "pci"))
+        first = next(
+            e for e in report.smap.values() if (e.count > 0) == counted and (counted or e.kind == "pci")
+        )
         report.warnings.append(
             {"file_line": report.file_line(first.line), "message": x.message, "reason": x.reason}
         )

@@ -660,9 +660,18 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
         ("0=node1:\n", "line 1: no GPU index given for node 'node1' (in '0=node1:')"),
         ("x=node1:0\n", "line 1: ordinal 'x' is not a non-negative integer (in 'x=node1:0')"),
         # Count entries (NODE:auto(N)): what is not a count, and a count beside other GPUs.
-        ("0=node1:0\n1=node1:auto(0)\n", "line 2: GPU count 0 asks for no GPU: write auto(N), N a whole number from 1 to 32"),
-        ("0=node1:auto(33)\n", "line 1: GPU count 33 is larger than 32 (a ResourceClaim allocates at most 32 devices)"),
-        ("0=node1:auto(x)\n", "line 1: GPU count 'auto(x)' is not auto(N): write auto(N), N a whole number from 1 to 32"),
+        (
+            "0=node1:0\n1=node1:auto(0)\n",
+            "line 2: GPU count 0 asks for no GPU: write auto(N), N a whole number from 1 to 32",
+        ),
+        (
+            "0=node1:auto(33)\n",
+            "line 1: GPU count 33 is larger than 32 (a ResourceClaim allocates at most 32 devices)",
+        ),
+        (
+            "0=node1:auto(x)\n",
+            "line 1: GPU count 'auto(x)' is not auto(N): write auto(N), N a whole number from 1 to 32",
+        ),
         ("0=node1:auto(-1)\n", "line 1: GPU count 'auto(-1)' is not auto(N): write auto(N)"),
         ("0=node1:auto(1.5)\n", "line 1: GPU count 'auto(1.5)' is not auto(N): write auto(N)"),
         ("0=node1:auto(2\n", "line 1: GPU count 'auto(2' is not auto(N): write auto(N)"),
@@ -695,7 +704,9 @@ def test_count_entries_are_refused_outside_dra_mode_in_the_webhooks_words(apiser
     text = f"{TASK_MAP}7 = node4 : auto(02)\n6=node9:{UUID}\n5=node9:auto(1)\n"
     found = pci_needs_dra(parse(text).values())
     assert [f.reason for f in found] == ["GPUCountNeedsDRA"]
-    assert found[0].message.startswith("gpu-scheduling-map line 8: replica 5 asks for node9:auto(1) (and 1 more entry): ")
+    assert found[0].message.startswith(
+        "gpu-scheduling-map line 8: replica 5 asks for node9:auto(1) (and 1 more entry): "
+    )
     for mode, scheduler in SCHEDULERS.items():
         for obj in (statefulset(text, replicas=8, scheduler=scheduler), pod(text, "3", scheduler)):
             answer = apiserver.create(obj)

@@ -124,9 +124,28 @@ def count_token(r: random.Random, largest: int = MAX_COUNT) -> str:
     return f"auto({r.randint(1, 4) if r.random() < 0.8 else r.randint(1, largest)})"
 
 
-BAD_COUNTS = ("auto(0)", "auto(000)", "auto(33)", "auto(100)", "auto(99999999999999999999999)",
-              "auto(x)", "auto()", "auto(-1)", "auto(1.5)", "auto(2", "auto2)", "auto", "autox(2)",
-              "auto(2)x", "auto((2))", "Auto(2)", "AUTO(2)", "auto( 2)", "auto(2 )", "auto (2)")
+BAD_COUNTS = (
+    "auto(0)",
+    "auto(000)",
+    "auto(33)",
+    "auto(100)",
+    "auto(99999999999999999999999)",
+    "auto(x)",
+    "auto()",
+    "auto(-1)",
+    "auto(1.5)",
+    "auto(2",
+    "auto2)",
+    "auto",
+    "autox(2)",
+    "auto(2)x",
+    "auto((2))",
+    "Auto(2)",
+    "AUTO(2)",
+    "auto( 2)",
+    "auto(2 )",
+    "auto (2)",
+)
 
 
 def _share(r: random.Random, entries: list[tuple[int, str, list[GPU]]]) -> list[tuple[int, str, list[GPU]]]:

@@ -105,7 +105,7 @@ PCI_NEEDS_DRA = (
 
 COUNT_NEEDS_DRA = (
     "a count of GPUs (auto(N)) is given only in DRA mode (chart value dra.enabled=true), where "
-    "kube-scheduler allocates N GPUs of the node to the replica's ResourceClaim; in this mode name "
+    "kube-scheduler allocates N GPUs of the node to a ResourceClaim of the replica; in this mode name "
     "the GPUs (indices or UUIDs)"
 )
 
@@ -122,7 +122,12 @@ def pci_needs_dra(entries: Iterable[Entry], dra: bool = False) -> list[Finding]:
     entries = list(entries)
     out: list[Finding] = []
     for reason, found, verb, why in (
-        (GPU_NAME_NEEDS_DRA, [e for e in entries if e.kind == "pci" and not e.count], "is mapped to", PCI_NEEDS_DRA),
+        (
+            GPU_NAME_NEEDS_DRA,
+            [e for e in entries if e.kind == "pci" and not e.count],
+            "is mapped to",
+            PCI_NEEDS_DRA,
+        ),
         (GPU_COUNT_NEEDS_DRA, [e for e in entries if e.count], "asks for", COUNT_NEEDS_DRA),
     ):
         if not found:
