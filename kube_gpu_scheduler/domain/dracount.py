@@ -179,3 +179,25 @@ def chosen(
     """The published devices kube-scheduler allocated the claim, in PCI bus ID order."""
     got = {(a.pool, a.device) for a in dra.allocation(claim) if a.driver == driver}
     return [d for d in devices if (d.pool, d.name) in got]
+
+
+def spans(entry: Entry, devices: Sequence[dra.Device]) -> str:
+    """For a named entry whose GPUs resolve on ``devices`` (its node's): ``"spans PCIe roots
+    pci0000:00 (gpu-0), pci0000:80 (gpu-4)"`` when they lie under more than one PCIe root (else
+    more than one NUMA node), from the attributes the node publishes; "" when they do not, or
+    when the node publishes neither for them (a count entry: "")."""
+    if entry.count or len(entry.gpus) < 2:
+        return ""
+    try:
+        got = dra.resolve(entry, devices)
+    except dra.Unresolved:
+        return ""
+    for attribute, what in ALIGNMENTS:
+        if not all(value(d, attribute) for d in got):
+            continue
+        by = groups(got, attribute)
+        if len(by) < 2:
+            return ""
+        listed = ", ".join(f"{g} ({', '.join(d.name for d in ds)})" for g, ds in sorted(by.items()))
+        return f"spans {what}s {listed}"
+    return ""

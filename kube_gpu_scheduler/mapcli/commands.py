@@ -116,6 +116,8 @@ def run_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 verdict = "placed" if r.placed else f"waits: {r.reason}: {r.message}"
                 if r.sharing:
                     verdict += f" ({r.sharing})"
+                if r.topology:
+                    verdict += f" (warning: {r.topology}: GPUs under one root talk faster)"
                 rows.append((str(r.ordinal), e.node if e else "", e.devices if e else "", verdict))
             widths = [max(len(row[i]) for row in rows) for i in range(3)]
             for row in rows:

@@ -9,9 +9,14 @@ GPUs of every count entry's claim; the gpu-scheduler makes, gates, pins and expl
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kube_gpu_scheduler.domain import dra, dracount
 from localcluster import dra as localdra
@@ -58,6 +63,22 @@ def placed(env: Dra, pod_name: str, count: int) -> list[dra.Device]:
     got: list[dra.Device] = wait_for(lambda: chosen(env, pod_name), 90, what=f"{pod_name} placed")
     assert len(got) == count, got
     return got
+
+
+def mapcli(env: Dra, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "gpu-scheduler-map"),
+            *args,
+            "--kubeconfig",
+            str(env.cluster.kubeconfig),
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None:  # noqa: F811
@@ -108,6 +129,26 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
         60,
         what="w-1-gpus pinned by its StatefulSet",
     )
+
+    # gpu-scheduler-map status lists the chosen GPUs as the replica's (its claim's allocation),
+    # by index on the node; plan --dra warns about a named entry that spans the two roots.
+    index = {d.name: i for i, d in enumerate(env.devices("a"))}
+    doc = json.loads(mapcli(env, "status", "--output", "json").stdout)
+    held = {
+        g["gpu"]
+        for n in doc["nodes"]
+        if n["name"] == a
+        for g in n["gpus"]
+        if any(h["pod"] == "w-1" and h["mode"] == "dra" for h in g["holders"])
+    }
+    assert held == {index[d.name] for d in second}, (held, doc)
+    spanning = env.statefulset("s", f"0={a}:0,4\n1={a}:1,2\n2={a}:auto(2)", 3)
+    res = mapcli(
+        env, "plan", "--dra", "--scheduler-name", env.scheduler_name, "-", stdin=yaml.safe_dump(spanning)
+    )
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()[2:]}
+    assert "warning: spans PCIe roots pci0000:00 (gpu-1), pci0000:80 (gpu-5)" in rows["0"], res.stdout
+    assert "warning" not in rows["1"] and "auto(2)" in rows["2"], res.stdout
 
     # Sticky: the replica's next pod gets the same GPUs (the same claim, still allocated).
     uid = (env.claim("w-1-gpus") or {})["metadata"]["uid"]

@@ -95,3 +95,18 @@ def test_unfit_says_never_by_capacity_and_not_now_by_holders() -> None:
     # A root less the GPUs the map names may be too small for ever.
     never, _ = dracount.unfit(parse("0=n:auto(4)")[0], EIGHT, [EIGHT[0], EIGHT[4]], [], "pcieRoot")
     assert never
+
+
+def test_a_named_entry_that_spans_pcie_roots_or_numa_nodes_is_said() -> None:
+    assert (
+        dracount.spans(parse("0=n:0,4")[0], EIGHT)
+        == "spans PCIe roots pci0000:00 (gpu-0), pci0000:80 (gpu-4)"
+    )
+    assert dracount.spans(parse("0=n:1,2,3")[0], EIGHT) == ""
+    numa_only = [device(i, "", str(i // 4)) for i in range(8)]
+    assert dracount.spans(parse("0=n:3,5")[0], numa_only) == "spans NUMA nodes 0 (gpu-3), 1 (gpu-5)"
+    # Nothing published, a count, one GPU, or a name that does not resolve: nothing to say.
+    assert dracount.spans(parse("0=n:0,4")[0], [device(i) for i in range(8)]) == ""
+    assert dracount.spans(parse("0=n:auto(8)")[0], EIGHT) == ""
+    assert dracount.spans(parse("0=n:5")[0], EIGHT) == ""
+    assert dracount.spans(parse("0=n:0,9")[0], EIGHT) == ""
