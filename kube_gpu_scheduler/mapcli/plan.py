@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from kube_gpu_scheduler.domain import dracount
+from kube_gpu_scheduler.domain.dra import node_devices
 from kube_gpu_scheduler.domain.fit import NodeTotals, PodFootprint
 from kube_gpu_scheduler.domain.gang import (
     Blocked,
@@ -220,7 +221,7 @@ def plan(
             verdict = _verdict(ordinal, decision, mine)
             verdict.shares = _shares(pod, ordinal)
             if verdict.entry is not None and cluster.slices:
-                devices = dra.node_devices(cluster.slices, verdict.entry.node)
+                devices = node_devices(cluster.slices, verdict.entry.node)
                 verdict.topology = dracount.spans(verdict.entry, devices)
             result.replicas.append(verdict)
         if result.gang and not result.ok:

@@ -146,7 +146,8 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     res = mapcli(
         env, "plan", "--dra", "--scheduler-name", env.scheduler_name, "-", stdin=yaml.safe_dump(spanning)
     )
-    rows = {line.split()[0]: line for line in res.stdout.splitlines()[2:]}
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line[:1].isdigit()}
+    assert set(rows) == {"0", "1", "2"}, (res.stdout, res.stderr)
     assert "warning: spans PCIe roots pci0000:00 (gpu-1), pci0000:80 (gpu-5)" in rows["0"], res.stdout
     assert "warning" not in rows["1"] and "auto(2)" in rows["2"], res.stdout
 
