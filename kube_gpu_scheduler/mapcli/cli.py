@@ -33,7 +33,7 @@ from kube_gpu_scheduler.domain.rules import (
     unused_ordinals,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse, sharing_problems
-from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status
+from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status, run_suggest
 from kube_gpu_scheduler.mapcli.manifest import (
     DEFAULT_SCHEDULER_NAME,
     FoundMap,
@@ -434,7 +434,7 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    run = {"plan": run_plan, "status": run_status}.get(args.command, validate)
+    run = {"plan": run_plan, "status": run_status, "suggest": run_suggest}.get(args.command, validate)
     try:
         return run(args, sys.stdout, sys.stderr)
     except BrokenPipeError:  # `... | head`

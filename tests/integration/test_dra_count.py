@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from kube_gpu_scheduler.domain import dra, dracount
+from kube_gpu_scheduler.domain.schedmap import parse
 from localcluster import dra as localdra
-from tests.integration.test_dra import Dra, dra_env  # noqa: F401 (the fixture)
+from tests.integration.test_dra import Dra, dra_env, no_device_twice  # noqa: F401 (the fixture)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -174,3 +175,60 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     claims = env.get("resourceclaims")["items"]
     held = [(x.pool, x.device) for c in claims for x in dra.allocation(c)]
     assert len(held) == len(set(held)), f"a device allocated twice: {held}"
+
+    # gpu-scheduler-map suggest: two replicas of two GPUs from what is free now. Node a has one
+    # free GPU per root at most (w-0, w-1, w-2 hold the rest); node b's NUMA node that v-0 left
+    # alone has four: both replicas go there, and the map it prints places.
+    res = mapcli(
+        env,
+        "suggest",
+        "--replicas",
+        "2",
+        "--gpus",
+        "2",
+        "--nodes",
+        f"{a},{b}",
+        "--scheduler-name",
+        env.scheduler_name,
+        "-o",
+        "map",
+    )
+    assert res.returncode == 0, res.stderr
+    suggested = parse(res.stdout)
+    assert {e.node for e in suggested.values()} == {b} and len(suggested) == 2, res.stdout
+    devices_b = env.devices("b")
+    numa_of = {i: d.numa_node for i, d in enumerate(devices_b)}
+    assert len({numa_of[g] for e in suggested.values() for g in e.indices}) == 1, res.stdout
+    assert not {numa_of[g] for e in suggested.values() for g in e.indices} & {d.numa_node for d in numa}
+    fragment = mapcli(
+        env,
+        "suggest",
+        "--replicas",
+        "2",
+        "--gpus",
+        "2",
+        "--nodes",
+        f"{a},{b}",
+        "--scheduler-name",
+        env.scheduler_name,
+    ).stdout
+    assert "gpu-scheduling-map: |" in fragment and "# NUMA node" in fragment, fragment
+    planned = env.statefulset("u", res.stdout, 2)
+    env.cluster.apply(planned)
+    for i in range(2):
+        wait_for(lambda i=i: env.placed(f"u-{i}"), 90, what=f"u-{i} placed on its suggested GPUs")
+    # Nothing of four GPUs under one root or NUMA node is left: not all fit, and it says so.
+    res = mapcli(
+        env,
+        "suggest",
+        "--replicas",
+        "1",
+        "--gpus",
+        "4",
+        "--nodes",
+        f"{a},{b}",
+        "--scheduler-name",
+        env.scheduler_name,
+    )
+    assert res.returncode == 1 and "only 0 of 1 replicas fit" in res.stderr, res.stderr
+    no_device_twice(env)

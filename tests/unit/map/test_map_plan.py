@@ -176,3 +176,21 @@ def test_a_count_entry_waits_outside_dra_mode_and_is_placed_in_it_beside_the_tas
         "gpus": [],
         "count": 2,
     }
+
+
+def test_suggest_fills_the_fullest_group_that_fits_and_leaves_held_gpus_alone() -> None:
+    from kube_gpu_scheduler.mapcli import suggest
+
+    other = sts("train", "0=node1:0,1", 1, ns="team-a")
+    live = cluster(running(other, 0, "node1", "0,1"), sets=[other], nodes=[node("node1"), node("node2")])
+    held = live.holdings(OURS)
+    taken = suggest.taken_gpus(live, OURS, plan.wanted(live, held, OURS))
+    assert taken == {("node1", 0), ("node1", 1)}
+    placed, short = suggest.suggest(live, 3, 2, taken)
+    # node1 has 2 free (its fewest that fit: best fit), node2 4: node1 first, then node2 twice.
+    assert suggest.map_text(placed) == "0=node1:2,3\n1=node2:0,1\n2=node2:2,3\n" and short == ""
+    got = by_ordinal(plan.plan([sts("w", suggest.map_text(placed), 3)], live, OURS), "w")
+    assert all(r.placed for r in got.values()), [r.message for r in got.values()]
+    placed, short = suggest.suggest(live, 4, 2, taken, nodes={"node1", "node2"})
+    assert len(placed) == 3 and short.startswith("only 3 of 4 replicas fit"), short
+    assert "gpu-scheduling-map: |\n          0=node1:2,3\n" in suggest.fragment(placed, "w")
