@@ -34,6 +34,9 @@ DEVICE_CLASS = "gpu.nvidia.com"
 PCI_DOMAIN = "resource.kubernetes.io"
 PCI_ATTRIBUTE = "pciBusID"
 UUID_ATTRIBUTE = "uuid"
+# The standard topology attributes (resource.kubernetes.io/...): what a count entry's claim aligns on.
+PCIE_ROOT_ATTRIBUTE = "pcieRoot"
+NUMA_ATTRIBUTE = "numaNode"
 # The name of the claim in the pod's spec.resourceClaims and in each container's resources.claims.
 POD_CLAIM = "gpu-scheduler"
 # The claim's own name: the pod's name (a StatefulSet pod's name is fixed per ordinal) and this.
@@ -71,6 +74,10 @@ class Device:
     pci_bus_id: str
     product: str = ""
     taints: tuple[Taint, ...] = field(default=(), compare=False)
+    # Topology, where the driver publishes it (the standard attributes): the PCIe root complex
+    # (``pci0000:00``) and the NUMA node (``"0"``); "" where not published.
+    pcie_root: str = ""
+    numa_node: str = ""
 
     def describe(self) -> str:
         """``gpu-2 (0000:3b:00.0, GPU-...)``"""
@@ -85,6 +92,14 @@ def _attribute(attrs: Mapping[str, Any], driver: str, name: str) -> str:
         if isinstance(value, Mapping) and isinstance(value.get("string"), str):
             return str(value["string"])
     return ""
+
+
+def _numa(attrs: Mapping[str, Any]) -> str:
+    """``resource.kubernetes.io/numaNode`` as its scalar int form (the device's NUMA node), as a
+    string; "" when not published (the list form, behind DRAListTypeAttributes, is not read)."""
+    value = attrs.get(f"{PCI_DOMAIN}/{NUMA_ATTRIBUTE}")
+    got = value.get("int") if isinstance(value, Mapping) else None
+    return str(got) if isinstance(got, int) and not isinstance(got, bool) else ""
 
 
 def node_devices(slices: Iterable[Mapping[str, Any]], node: str, driver: str = DRIVER) -> list[Device]:
@@ -125,6 +140,8 @@ def node_devices(slices: Iterable[Mapping[str, Any]], node: str, driver: str = D
                     pci_bus_id=normal_name(_attribute(attrs, PCI_DOMAIN, PCI_ATTRIBUTE)),
                     product=_attribute(attrs, driver, "productName"),
                     taints=slice_taints(d),
+                    pcie_root=_attribute(attrs, PCI_DOMAIN, PCIE_ROOT_ATTRIBUTE),
+                    numa_node=_numa(attrs),
                 )
             )
     devices.sort(key=lambda d: (d.pci_bus_id == "", d.pci_bus_id, d.name))

@@ -96,6 +96,8 @@ def layout(smap: SchedulingMap, ordinal: int, pod_name: str) -> list[Part]:
     entry = smap.get(ordinal)
     if entry is None:
         return []
+    if entry.count:  # a count entry names no GPU, so it shares none: its own claim alone
+        return [Part(OWN_REF, pod_name + OWN_SUFFIX, entry, (ordinal,))]
     shared = smap.shared()
     own = tuple(g for g in entry.gpus if (entry.node, g) not in shared)
     parts: list[Part] = []

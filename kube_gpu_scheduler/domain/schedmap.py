@@ -3,6 +3,7 @@
 Grammar (one entry per line, or several separated by ``;``)::
 
     ORDINAL=NODE:GPU[,GPU...]      # comment to the end of the line
+    ORDINAL=NODE:auto(N)           # a count: N GPUs of NODE, chosen for the replica (DRA mode)
 
 * whitespace around every token is ignored, blank lines are ignored;
 * ORDINAL is a non-negative decimal integer;
@@ -19,6 +20,13 @@ Grammar (one entry per line, or several separated by ``;``)::
     2 hex device, function 0-7, kept lower case with a 4-digit domain (an
     8-digit domain whose first 4 digits are zero loses them);
 
+* a *count entry* ``NODE:auto(N)`` asks for N GPUs of its node instead of naming them
+  (N a decimal integer, 1 to :data:`MAX_COUNT`: a ResourceClaim allocates at most 32 devices;
+  leading zeros allowed, no whitespace inside the parentheses). It is the entry's only token:
+  ``auto(2),3`` is an error. Any token that starts with ``auto`` is read as a count (no GPU
+  name does). A count entry names no GPU, so it never shares one (sharing is only by naming the
+  same GPU) and is outside the one-way-per-node rule; only DRA mode can give it GPUs
+  (kube-scheduler chooses them: docs/dra.md), the other modes refuse it (GPUCountNeedsDRA);
 * duplicates compare those normalized names: a GPU twice in an entry is an error;
 * the same NODE:GPU named by several entries is *shared* by those replicas, on purpose
   (:meth:`SchedulingMap.shared`): partial overlaps too (``0=n:4,5`` and ``1=n:5,6`` share
@@ -74,6 +82,10 @@ _NODE_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _NODE_MAX = 253
 # Upper bounds that keep a typo from becoming a huge number downstream.
 MAX_ORDINAL = 1_000_000
+# The most GPUs a count entry may ask for: a ResourceClaim allocates at most 32 devices.
+MAX_COUNT = 32
+COUNT_WORD = "auto"
+_COUNT_RE = re.compile(r"auto\(([0-9]*)\)")
 
 # The largest map text accepted, in UTF-8 bytes: the apiserver's limit on all of
 # an object's annotations together (256 KiB), so no map an apiserver stores is
@@ -181,18 +193,28 @@ class Entry:
     """Replica ``ordinal`` runs on ``node`` and sees GPUs ``gpus`` (in map order).
 
     All of an entry's GPUs are of one kind (:func:`gpu_kind`): indices (``int``), UUIDs or
-    PCI bus IDs (normalized ``str``).
+    PCI bus IDs (normalized ``str``). A count entry (``NODE:auto(N)``) has no ``gpus`` and
+    ``count`` N; a named entry has ``count`` 0.
     """
 
     ordinal: int
     node: str
     gpus: tuple[GPU, ...]
     line: int = field(default=0, compare=False)
+    count: int = 0
 
     @property
     def devices(self) -> str:
-        """The GPUs as CUDA_VISIBLE_DEVICES spells them: ``"0,1"``, ``"GPU-8a3c...,GPU-..."``."""
+        """The GPUs as CUDA_VISIBLE_DEVICES spells them: ``"0,1"``, ``"GPU-8a3c...,GPU-..."``
+        (a count entry: ``"auto(2)"``, which only DRA mode gives GPUs for)."""
+        if self.count:
+            return f"{COUNT_WORD}({self.count})"
         return ",".join(str(g) for g in self.gpus)
+
+    @property
+    def size(self) -> int:
+        """How many GPUs the entry gives its replica: its count, or the GPUs it names."""
+        return self.count or len(self.gpus)
 
     @property
     def kind(self) -> GPUKind:
@@ -321,6 +343,7 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
     gpus: list[GPU] = []
     seen: set[GPU] = set()
     kinds: dict[GPUKind, None] = {}
+    count = 0
     tokens = gpus_s.split(",")
     if len(tokens) == 1 and not tokens[0].strip():
         problems.add(line, text, f"no GPU index given for node {_quoted(node)}")
@@ -331,6 +354,9 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
             problems.add(line, text, "empty GPU index (stray ',')")
             continue
         gpu: GPU | None
+        if token.startswith(COUNT_WORD):
+            count = _count(token, line=line, text=text, problems=problems) or -1
+            continue
         if DIGITS_RE.fullmatch(token):
             gpu = _int(token, "GPU index", MAX_GPU_INDEX, line=line, text=text, problems=problems)
         elif (gpu := gpu_name(token)) is None:
@@ -351,9 +377,39 @@ def _parse_entry(chunk: str, line: int, problems: _Problems) -> Entry | None:
             f"the GPUs of node {_quoted(node)} are named both by {first} and by {second} in this "
             f"entry: {_ONE_WAY}",
         )
+    if count and len(tokens) > 1:
+        problems.add(line, text, _COUNT_ALONE)
     if problems.count != before or ordinal is None:
         return None
-    return Entry(ordinal=ordinal, node=node, gpus=tuple(gpus), line=line)
+    return Entry(ordinal=ordinal, node=node, gpus=tuple(gpus), line=line, count=max(count, 0))
+
+
+_COUNT_ALONE = (
+    "auto(N) asks for a number of GPUs and cannot be listed with other GPUs: "
+    "write either NODE:auto(N) or NODE:GPU[,GPU...]"
+)
+_COUNT_FORM = f"write auto(N), N a whole number from 1 to {MAX_COUNT}"
+
+
+def _count(token: str, *, line: int, text: str, problems: _Problems) -> int | None:
+    """A count token's N (``auto(2)``: 2), or None after adding its problem."""
+    m = _COUNT_RE.fullmatch(token)
+    if m is None or not m.group(1):
+        problems.add(line, text, f"GPU count {_quoted(token)} is not auto(N): {_COUNT_FORM}")
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    if digits == "0":
+        problems.add(line, text, f"GPU count 0 asks for no GPU: {_COUNT_FORM}")
+        return None
+    if len(digits) > 2 or int(digits) > MAX_COUNT:
+        shown = digits[:20] + ("..." if len(digits) > 20 else "")
+        problems.add(
+            line,
+            text,
+            f"GPU count {shown} is larger than {MAX_COUNT} (a ResourceClaim allocates at most {MAX_COUNT} devices)",
+        )
+        return None
+    return int(digits)
 
 
 _ONE_WAY = (
@@ -403,7 +459,7 @@ def parse(text: str) -> SchedulingMap:
                 # Built only when listed: str(first) may name a thousand GPUs.
                 problems.add(lineno, chunk.strip(), partial(_already_mapped, entry.ordinal, first))
                 continue
-            form = forms.setdefault(entry.node, entry)
+            form = entry if entry.count else forms.setdefault(entry.node, entry)
             if form.kind != entry.kind:
                 problems.add(lineno, chunk.strip(), partial(_named_otherwise, entry, form))
                 continue

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from kube_gpu_scheduler.base.argtypes import non_negative_int
 from kube_gpu_scheduler.domain import sharing
 from kube_gpu_scheduler.domain.rules import (
+    GPU_COUNT_NEEDS_DRA,
     GPU_SHARED,
     INVALID_MAP,
     Finding,
@@ -32,7 +33,7 @@ from kube_gpu_scheduler.domain.rules import (
     unused_ordinals,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse, sharing_problems
-from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status
+from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status, run_suggest
 from kube_gpu_scheduler.mapcli.manifest import (
     DEFAULT_SCHEDULER_NAME,
     FoundMap,
@@ -77,7 +78,8 @@ class MapReport:
                 "ordinal": e.ordinal,
                 "node": e.node,
                 "gpus": list(e.gpus),
-                "gpu_kind": e.kind,
+                **({"count": e.count} if e.count else {}),
+                "gpu_kind": "count" if e.count else e.kind,
                 "line": e.line,
                 "file_line": self.file_line(e.line),
             }
@@ -128,11 +130,15 @@ def _note(note: Note) -> dict[str, Any]:
 
 
 def _check_names(report: MapReport, dra: bool) -> None:
-    """A GPU named by PCI bus ID is a warning, unless the cluster runs DRA mode (``--dra``)."""
+    """A GPU named by PCI bus ID, or a count entry (``auto(N)``), is a warning, unless the cluster
+    runs DRA mode (``--dra``)."""
     if report.smap is None:
         return
     for x in pci_needs_dra(report.smap.values(), dra):
-        first = next(e for e in report.smap.values() if e.kind == "pci")
+        counted = x.reason == GPU_COUNT_NEEDS_DRA
+        first = next(
+            e for e in report.smap.values() if (e.count > 0) == counted and (counted or e.kind == "pci")
+        )
         report.warnings.append(
             {"file_line": report.file_line(first.line), "message": x.message, "reason": x.reason}
         )
@@ -428,7 +434,7 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    run = {"plan": run_plan, "status": run_status}.get(args.command, validate)
+    run = {"plan": run_plan, "status": run_status, "suggest": run_suggest}.get(args.command, validate)
     try:
         return run(args, sys.stdout, sys.stderr)
     except BrokenPipeError:  # `... | head`

@@ -1,9 +1,11 @@
-"""``gpu-scheduler-map plan`` and ``status``: the subcommands that read a live cluster.
+"""``gpu-scheduler-map plan``, ``status`` and ``suggest``: the subcommands that read a live cluster.
 
 ``plan FILE|-``: what the scheduler would do with each replica of the input's StatefulSets
 (:mod:`kube_gpu_scheduler.mapcli.plan`); exit 0 when every replica would be placed, 1 when one
 would wait, 2 when the input or the cluster cannot be read. ``status``: who holds which GPU and
 who waits (:mod:`kube_gpu_scheduler.mapcli.status`); exit 0, or 2 when the cluster cannot be read.
+``suggest``: a map for R replicas of K topology-aligned free GPUs
+(:mod:`kube_gpu_scheduler.mapcli.suggest`); exit 1 when not all fit.
 Both take ``--kubeconfig`` (else ``KUBECONFIG``, in-cluster, ``~/.kube/config``) and
 ``-o table|json``. Installed also as ``kubectl-gpu_map``: ``kubectl gpu-map status``.
 """
@@ -21,6 +23,7 @@ from kube_gpu_scheduler.kube.client import KubeConfigError, load_client
 from kube_gpu_scheduler.kube.errors import error_message
 from kube_gpu_scheduler.mapcli import plan as planning
 from kube_gpu_scheduler.mapcli import status as viewing
+from kube_gpu_scheduler.mapcli import suggest as suggesting
 from kube_gpu_scheduler.mapcli.live import Cluster
 
 EXIT_OK, EXIT_WAITS, EXIT_UNREADABLE = 0, 1, 2
@@ -56,6 +59,27 @@ def add_commands(sub: Any) -> None:
         "ordinal, mode: env = its injected variables, map = its entry without them, dra = its "
         "ResourceClaim) or 'free', and the replicas waiting with the scheduler's reason. Read from "
         "what the scheduler trusts (containers' variables, DRA claims), never from annotations.",
+    )
+    g = sub.add_parser(
+        "suggest",
+        help="a complete map for R replicas of K GPUs each from the live cluster's free GPUs, each "
+        "replica's GPUs under one PCIe root (else NUMA node); exit 0, 1 when not all fit, 2 unreadable",
+        description="Propose an explicit map (named entries) for --replicas replicas of --gpus GPUs each "
+        "from the GPUs no pod or claim holds and no unplaced map wants, each replica's GPUs under one "
+        "PCIe root (else one NUMA node) where the nodes' DRA driver publishes it, best fit first. "
+        "Prints a manifest fragment to merge into the StatefulSet (-o map: the map alone). Nothing is "
+        "reserved: check it with `plan` and apply it soon.",
+    )
+    g.add_argument("--replicas", type=int, required=True, help="how many replicas (R)")
+    g.add_argument("--gpus", type=int, required=True, help="GPUs per replica (K)")
+    g.add_argument("--nodes", default="", help="only these nodes (comma-separated; default: every node)")
+    g.add_argument("--name", default="gpu-workload", help="the StatefulSet's name, for the comment")
+    g.add_argument("-o", "--output", choices=["yaml", "map"], default="yaml", help="stdout format")
+    g.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, in-cluster, ~/.kube/config)")
+    g.add_argument(
+        "--scheduler-name",
+        default=DEFAULT_SCHEDULER_NAME,
+        help="the scheduler's name (its pods' spec.schedulerName; default: %(default)s)",
     )
     for cmd in (p, s):
         cmd.add_argument(
@@ -116,6 +140,8 @@ def run_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 verdict = "placed" if r.placed else f"waits: {r.reason}: {r.message}"
                 if r.sharing:
                     verdict += f" ({r.sharing})"
+                if r.topology:
+                    verdict += f" (warning: {r.topology}: GPUs under one root talk faster)"
                 rows.append((str(r.ordinal), e.node if e else "", e.devices if e else "", verdict))
             widths = [max(len(row[i]) for row in rows) for i in range(3)]
             for row in rows:
@@ -141,4 +167,29 @@ def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(file=out)
     else:
         viewing.print_table(table, waits, out)
+    return EXIT_OK
+
+
+def run_suggest(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if not (0 < args.replicas <= 10_000 and 0 < args.gpus <= 32):
+        print("gpu-scheduler-map suggest: --replicas must be 1-10000 and --gpus 1-32", file=err)
+        return EXIT_UNREADABLE
+    got = _cluster(args, err)
+    if got is None:
+        return EXIT_UNREADABLE
+    api, cluster = got
+    api.close()
+    held = cluster.holdings(args.scheduler_name)
+    taken = suggesting.taken_gpus(
+        cluster, args.scheduler_name, planning.wanted(cluster, held, args.scheduler_name)
+    )
+    nodes = {n.strip() for n in args.nodes.split(",") if n.strip()}
+    placed, short = suggesting.suggest(cluster, args.replicas, args.gpus, taken, nodes)
+    if placed:
+        out.write(
+            suggesting.map_text(placed) if args.output == "map" else suggesting.fragment(placed, args.name)
+        )
+    if short:
+        print(f"gpu-scheduler-map suggest: {short}", file=err)
+        return EXIT_WAITS
     return EXIT_OK

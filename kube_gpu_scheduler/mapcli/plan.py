@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from kube_gpu_scheduler.domain import dracount
+from kube_gpu_scheduler.domain.dra import node_devices
 from kube_gpu_scheduler.domain.fit import NodeTotals, PodFootprint
 from kube_gpu_scheduler.domain.gang import (
     Blocked,
@@ -49,6 +51,8 @@ class ReplicaPlan:
     message: str = ""
     # GPU -> the other replicas its map gives it (shared on purpose), ordinals ascending.
     shares: Mapping[GPU, tuple[int, ...]] = field(default_factory=dict)
+    # Where the node's ResourceSlices publish topology: "spans PCIe roots ..." ("" when aligned).
+    topology: str = ""
 
     @property
     def sharing(self) -> str:
@@ -67,10 +71,12 @@ class ReplicaPlan:
             "ordinal": self.ordinal,
             "node": e.node if e else None,
             "gpus": list(e.gpus) if e else [],
+            **({"count": e.count} if e and e.count else {}),
             "placed": self.placed,
             "reason": self.reason or None,
             "message": self.message or None,
             "sharedWith": {str(g): list(o) for g, o in self.shares.items()},
+            **({"topology": self.topology} if self.topology else {}),
         }
 
 
@@ -214,6 +220,9 @@ def plan(
             decision = evaluate(pod, cluster.nodes, holders, False, room, dra)
             verdict = _verdict(ordinal, decision, mine)
             verdict.shares = _shares(pod, ordinal)
+            if verdict.entry is not None and cluster.slices:
+                devices = node_devices(cluster.slices, verdict.entry.node)
+                verdict.topology = dracount.spans(verdict.entry, devices)
             result.replicas.append(verdict)
         if result.gang and not result.ok:
             _gang(result, sts)

@@ -188,7 +188,7 @@ def test_the_policy_gives_each_pod_the_claims_of_the_python_layout(dra_env: Dra)
     """The injection policy (CEL, at admission) and kube_gpu_scheduler.domain.draclaims agree on
     every pod's claims: sharing, partial overlaps, several groups, names by UUID and PCI bus ID,
     `;`-separated entries, comments, whitespace and leading zeros, a node whose name is another's
-    prefix. Each map's pods are dry-run through the real apiserver in one request per map."""
+    prefix, count entries beside named ones. Each map's pods are dry-run through the real apiserver in one request per map."""
     env = dra_env
     a = env.nodes["a"]
     uuid = "GPU-8A3C0000-0000-0000-0000-0000000000AB"
@@ -201,6 +201,9 @@ def test_the_policy_gives_each_pod_the_claims_of_the_python_layout(dra_env: Dra)
         f" 0 = {a} : 1 ; 1={a}:1,2 # 2={a}:2\n002={a}:2 ;3={a}x:1\n# 4={a}:1\n",
         f"0={a}:1\n1={a}0:1\n2={a}:1,3\n",
         f"0={a}:7\n1={env.nodes['b']}:7\n",
+        # Count entries (auto(N)) share nothing: not with each other, nor with index N or 0 (what
+        # their digits would read as), while the task's GPU 3 is still shared beside them.
+        f"0={a}:auto(2)\n1={a}:auto(02)\n2={a}:2\n3={a}:3\n4={a}:3\n5 = {a} : auto(3) # c\n6={a}:0\n",
     ]
     for text in maps:
         smap = parse(text)

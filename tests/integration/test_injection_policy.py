@@ -659,6 +659,32 @@ def test_generated_maps_on_statefulsets_agree_and_name_the_line(apiserver: Apise
         ("0=node1:0,\n", "line 1: empty GPU index (stray ',') (in '0=node1:0,')"),
         ("0=node1:\n", "line 1: no GPU index given for node 'node1' (in '0=node1:')"),
         ("x=node1:0\n", "line 1: ordinal 'x' is not a non-negative integer (in 'x=node1:0')"),
+        # Count entries (NODE:auto(N)): what is not a count, and a count beside other GPUs.
+        (
+            "0=node1:0\n1=node1:auto(0)\n",
+            "line 2: GPU count 0 asks for no GPU: write auto(N), N a whole number from 1 to 32",
+        ),
+        (
+            "0=node1:auto(33)\n",
+            "line 1: GPU count 33 is larger than 32 (a ResourceClaim allocates at most 32 devices)",
+        ),
+        (
+            "0=node1:auto(x)\n",
+            "line 1: GPU count 'auto(x)' is not auto(N): write auto(N), N a whole number from 1 to 32",
+        ),
+        ("0=node1:auto(-1)\n", "line 1: GPU count 'auto(-1)' is not auto(N): write auto(N)"),
+        ("0=node1:auto(1.5)\n", "line 1: GPU count 'auto(1.5)' is not auto(N): write auto(N)"),
+        ("0=node1:auto(2\n", "line 1: GPU count 'auto(2' is not auto(N): write auto(N)"),
+        (
+            "# two\n0 = node1 : auto(2) , 3\n",
+            "line 2: auto(N) asks for a number of GPUs and cannot be listed with other GPUs: write either "
+            "NODE:auto(N) or NODE:GPU[,GPU...] (in '0 = node1 : auto(2) , 3')",
+        ),
+        ("0=node1:auto(1),auto(2)\n", "line 1: auto(N) asks for a number of GPUs and cannot be listed"),
+        (
+            "0=node1:auto(2)\n0=node2:auto(02)\n",
+            "line 2: ordinal 0 is already mapped on line 1 (0=node1:auto(2)) (in '0=node2:auto(02)')",
+        ),
     ],
 )
 def test_the_refusal_names_the_line_and_the_problem(apiserver: Apiserver, text: str, message: str) -> None:
@@ -669,6 +695,24 @@ def test_the_refusal_names_the_line_and_the_problem(apiserver: Apiserver, text: 
         answer = apiserver.create(obj)
         assert not answer.allowed
         assert message in answer.message, answer.message
+
+
+def test_count_entries_are_refused_outside_dra_mode_in_the_webhooks_words(apiserver: Apiserver) -> None:
+    """A well-formed count entry (GPUCountNeedsDRA): refused on StatefulSets and pods in every
+    device mode with the parser's finding, the lowest ordinal named; the task's map beside it
+    changes nothing, and a count on a node named by UUID is no mix of kinds."""
+    text = f"{TASK_MAP}7 = node4 : auto(02)\n6=node9:{UUID}\n5=node9:auto(1)\n"
+    found = pci_needs_dra(parse(text).values())
+    assert [f.reason for f in found] == ["GPUCountNeedsDRA"]
+    assert found[0].message.startswith(
+        "gpu-scheduling-map line 8: replica 5 asks for node9:auto(1) (and 1 more entry): "
+    )
+    for mode, scheduler in SCHEDULERS.items():
+        for obj in (statefulset(text, replicas=8, scheduler=scheduler), pod(text, "3", scheduler)):
+            answer = apiserver.create(obj)
+            assert not answer.allowed and found[0].message in answer.message, (mode, answer.message)
+    # Without the count entries the same map is admitted (and its sharers warned about).
+    assert apiserver.create(statefulset(f"{TASK_MAP}6=node9:{UUID}\n", replicas=7)).allowed
 
 
 # -- shared GPUs -----------------------------------------------------------------------------------

@@ -366,15 +366,16 @@ def test_event_series_updates_are_accepted_by_the_apiserver(
 U = [f"GPU-8a3c0d4e-1234-5678-9abc-{i:012x}" for i in range(5)]
 
 
-def test_gpus_named_by_uuid_bind_and_pci_bus_ids_wait_outside_dra_mode(
+def test_gpus_named_by_uuid_bind_and_pci_bus_ids_and_counts_wait_outside_dra_mode(
     cluster: Cluster, namespace: str, kube: Any, start_scheduler: Callable[..., ManagedProcess], own_node: Any
 ) -> None:
     by_uuid, by_pci, small = own_node("uuid", gpus=2), own_node("pci", gpus=4), own_node("small", gpus=2)
     start_scheduler(**SLOW_RETRY)
     smap = (
         f"0={by_uuid}:{U[1].upper()}, {U[0]}\n1={by_pci}:00000000:3B:00.0\n2={small}:{U[2]},{U[3]},{U[4]}\n"
+        f"3={small}:auto(2)\n"
     )
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("n", smap, 3)))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(statefulset("n", smap, 4)))
     # Bound with its GPUs as the map normalizes them (the event names them; the ledger holds them).
     pod = wait_for(lambda: _running_on(kube, namespace, "n-0"), 60, what="n-0 bound (GPUs by UUID)")
     assert (
@@ -389,3 +390,6 @@ def test_gpus_named_by_uuid_bind_and_pci_bus_ids_wait_outside_dra_mode(
     # UUIDs are counted against nvidia.com/gpu (which UUID is which GPU only the node knows).
     ev = _assert_pending_because(kube, namespace, "n-2", "GPUIndexOutOfRange", "3 GPUs named by UUID", small)
     assert "allocatable=2" in ev["message"]
+    # A count entry (auto(N)): only DRA mode chooses GPUs; it waits, saying so.
+    ev = _assert_pending_because(kube, namespace, "n-3", "GPUCountNeedsDRA", "line 4", f"{small}:auto(2)")
+    assert "only in DRA mode (chart value dra.enabled=true)" in ev["message"]

@@ -193,6 +193,23 @@ def test_a_release_that_forbids_sharing_refuses_the_tasks_map(
     assert cluster.kubectl("get", "statefulset", "shared", "-n", namespace, check=False).returncode != 0
 
 
+def test_count_entries_are_refused_in_webhook_mode_naming_dra_mode(
+    cluster: Cluster, namespace: str, webhook_configs: str
+) -> None:
+    """A count entry (auto(N)): the webhook cannot choose GPUs, only DRA mode's claim can
+    (GPUCountNeedsDRA): the StatefulSet and a bare pod are refused, saying so."""
+    text = "0=node1:0\n1=node1:auto(2)\n"
+    res = kubectl_apply(cluster, statefulset(namespace, "counted", text, replicas=2))
+    assert res.returncode != 0
+    assert 'admission webhook "validate-statefulsets.gpu-scheduler.io" denied the request' in res.stderr
+    said = "gpu-scheduling-map line 2: replica 1 asks for node1:auto(2): a count of GPUs (auto(N)) is given only in DRA mode"
+    assert said in res.stderr, res.stderr
+    res = kubectl_apply(cluster, pod(namespace, "counted-1", text))
+    assert res.returncode != 0
+    assert 'admission webhook "mutate-pods.gpu-scheduler.io" denied the request' in res.stderr
+    assert said in res.stderr, res.stderr
+
+
 def test_malformed_map_pods_fail_creation_with_an_event(
     cluster: Cluster, namespace: str, webhook_server: WebhookServer
 ) -> None:

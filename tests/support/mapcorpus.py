@@ -9,13 +9,17 @@ every form the grammar allows, and near misses it refuses.
   leading zeros, entries in any order; each node's GPUs named one way: by index (most), by
   UUID (``GPU-...`` in any case) or by PCI bus ID (any case, 4- or 8-digit domain); about a
   third of them share GPUs (more entries naming some of an entry's GPUs, perhaps spelt
-  otherwise: whole or partial overlaps, two sharers or more);
+  otherwise: whole or partial overlaps, two sharers or more); about one in ten has a count
+  entry (``NODE:auto(N)``, perhaps ``auto(02)``, on a node whose other entries name GPUs any
+  way), which a sharer may copy (two count entries on one node share nothing);
 * the same maps with one mistake: a duplicate ordinal (perhaps sharing a GPU), a GPU listed
   twice (perhaps in an entry that shares it), a huge ordinal or GPU index, non-ASCII digits,
   an invalid node name, a missing ``=`` or ``:``, a stray ``,``, a character that is not whitespace to the parser (ZERO WIDTH
   SPACE), no entry at all, a UUID or PCI bus ID that is not one (bad hex, wrong group lengths,
   function 8, a 3- or 5-digit domain), a node named two ways (in one entry, or on two lines),
-  the same UUID or PCI bus ID twice once normalized in one entry;
+  the same UUID or PCI bus ID twice once normalized in one entry; a count that is not one
+  (``auto(0)``, ``auto(33)``, ``auto(x)``, ``auto( 2)``, ``Auto(2)``...) or listed with other
+  GPUs;
 * random strings over the grammar's alphabet (most refused, some accepted).
 
 :func:`large_map` writes a valid map of about ``size`` bytes (up to the 256 KiB the apiserver
@@ -26,9 +30,10 @@ allows for all of an object's annotations), with every third node's GPUs named b
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 
-from kube_gpu_scheduler.domain.schedmap import GPU, MAX_GPU_INDEX, MAX_ORDINAL
+from kube_gpu_scheduler.domain.schedmap import GPU, MAX_COUNT, MAX_GPU_INDEX, MAX_ORDINAL
 
 # The map this package was written for: replicas 3 and 4 share GPU 3 of node4.
 TASK_MAP = "0=node1:0,1\n1=node2:2\n2=node3:0,1,2\n3=node4:3\n4=node4:3\n"
@@ -79,9 +84,12 @@ def _pool(r: random.Random, size: int) -> list[GPU]:
 
 def _spell(r: random.Random, gpu: GPU) -> str:
     """``gpu`` as a user may write it: an index perhaps with leading zeros, a name in any case,
-    a PCI bus ID's 4-digit domain perhaps as NVML's 8 digits."""
+    a PCI bus ID's 4-digit domain perhaps as NVML's 8 digits, a count (``auto(N)``) perhaps
+    with leading zeros."""
     if isinstance(gpu, int):
         return _num(r, gpu)
+    if gpu.lower().startswith("auto"):  # a count as written (a bad one as it is)
+        return f"auto({_num(r, int(gpu[5:-1]))})" if re.fullmatch(r"auto\([0-9]+\)", gpu) else gpu
     if ":" in gpu and gpu.index(":") == 4 and r.random() < 0.4:
         gpu = "0000" + gpu
     roll = r.random()
@@ -105,7 +113,39 @@ def _entries(r: random.Random, count: int) -> list[tuple[int, str, list[GPU]]]:
         take = min(len(pool), r.randint(1, 4))
         gpus, free[node] = pool[:take], pool[take:]
         out.append((o, node, gpus))
+    if r.random() < 0.1:  # a count entry: N GPUs of its node, named by none
+        at = r.randrange(len(out))
+        out[at] = (out[at][0], out[at][1], [count_token(r)])
     return out
+
+
+def count_token(r: random.Random, largest: int = MAX_COUNT) -> str:
+    """A count token in its normal form: ``auto(N)``."""
+    return f"auto({r.randint(1, 4) if r.random() < 0.8 else r.randint(1, largest)})"
+
+
+BAD_COUNTS = (
+    "auto(0)",
+    "auto(000)",
+    "auto(33)",
+    "auto(100)",
+    "auto(99999999999999999999999)",
+    "auto(x)",
+    "auto()",
+    "auto(-1)",
+    "auto(1.5)",
+    "auto(2",
+    "auto2)",
+    "auto",
+    "autox(2)",
+    "auto(2)x",
+    "auto((2))",
+    "Auto(2)",
+    "AUTO(2)",
+    "auto( 2)",
+    "auto(2 )",
+    "auto (2)",
+)
 
 
 def _share(r: random.Random, entries: list[tuple[int, str, list[GPU]]]) -> list[tuple[int, str, list[GPU]]]:
@@ -186,7 +226,17 @@ def _break(r: random.Random, entries: list[tuple[int, str, list[GPU]]], exotic: 
     """A rendering of ``entries`` with one mistake the parser refuses."""
     entries = [(o, n, list(g)) for o, n, g in entries]
     o, node, gpus = entries[0]
-    kind = r.randrange(19)
+    kind = r.randrange(21)
+    if kind >= 19:
+        # A count that is not one, or a count listed with other GPUs (perhaps a second count).
+        if kind == 19:
+            entries[0] = (o, node, [r.choice(BAD_COUNTS)])  # type: ignore[list-item]
+        else:
+            other: list[GPU] = [count_token(r)] if r.random() < 0.3 else list(gpus)
+            entries[0] = (o, node, [*other, count_token(r)] if r.random() < 0.5 else [count_token(r), *other])
+        if r.random() < 0.5:
+            r.shuffle(entries)
+        return _render(r, entries, exotic)
     if kind >= 14:
         # The GPU names: a token that names none, a node named two ways, a name twice.
         if kind == 14:

@@ -106,6 +106,8 @@ from kube_gpu_scheduler.domain.rules.framework import (
     rule,
 )
 from kube_gpu_scheduler.domain.rules.gpus import (
+    COUNT_NEEDS_DRA,
+    GPU_COUNT_NEEDS_DRA,
     GPU_IN_USE,
     GPU_NAME_NEEDS_DRA,
     GPU_OUT_OF_RANGE,
@@ -167,11 +169,13 @@ __all__ = [
     "API_ERROR",
     "BLOCKING_EFFECTS",
     "BOUND_ELSEWHERE",
+    "COUNT_NEEDS_DRA",
     "EVICTED_FOR_ROLLOUT",
     "FAILED_SCHEDULING",
     "FOLDED_MAP",
     "FRONT_ENDS",
     "GANG_WAITING",
+    "GPU_COUNT_NEEDS_DRA",
     "GPU_IN_USE",
     "GPU_LIMIT_REACHED",
     "GPU_NAME_NEEDS_DRA",

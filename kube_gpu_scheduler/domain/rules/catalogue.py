@@ -61,6 +61,8 @@ GPU_ALLOCATED_ELSEWHERE = "GPUAllocatedElsewhere"  # Warning: a GPU of the entry
 ALLOCATED_GPU_GONE = "AllocatedGPUGone"  # Warning: the claim is allocated a GPU its node no longer publishes
 GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or NoExecute device taint
 TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
+GPUS_CHOSEN = "GPUsChosen"  # Normal: kube-scheduler allocated a count entry's claim these GPUs
+GPU_COUNT_WAITS = "GPUCountWaits"  # Warning: no topology group of the node has the count's GPUs free
 
 # Tenancy (kube_gpu_scheduler/scheduler/tenancy/holdings.py): the reasons of a GPUPinningPolicy's status
 # conditions, Enforced (True: counted; False: its spec does not parse) and LimitReached.
@@ -104,6 +106,8 @@ DRA_CLAIM_REASONS = (
     ALLOCATED_GPU_GONE,
     GPU_TAINTED,
     TAINTED_CLAIM_RELEASED,
+    GPUS_CHOSEN,
+    GPU_COUNT_WAITS,
 )
 
 OTHER_REASONS = (

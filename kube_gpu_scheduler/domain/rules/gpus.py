@@ -40,6 +40,18 @@ GPU_NAME_NEEDS_DRA = rule(
     validate=REFUSE,
     lint=WARN,
 )
+GPU_COUNT_NEEDS_DRA = rule(
+    "GPUCountNeedsDRA",
+    "GPUCountChosen",
+    "outside DRA mode every entry names its GPUs: a count entry (NODE:auto(N)) is given GPUs "
+    "only by a ResourceClaim that kube-scheduler allocates",
+    NEVER,
+    "`gpu-scheduler-map validate` does not know whether the cluster runs DRA mode: it warns",
+    scheduler=REFUSE,
+    mutate=REFUSE,
+    validate=REFUSE,
+    lint=WARN,
+)
 NO_GPU_RESOURCE = rule(
     "NoGPUResource",
     "NodeReportsGPUs",
@@ -91,26 +103,46 @@ PCI_NEEDS_DRA = (
 )
 
 
-@emits(GPU_NAME_NEEDS_DRA)
-def pci_needs_dra(entries: Iterable[Entry], dra: bool = False) -> list[Finding]:
-    """GPUNameNeedsDRA, once, when any of ``entries`` names its GPUs by PCI bus ID outside DRA mode.
+COUNT_NEEDS_DRA = (
+    "a count of GPUs (auto(N)) is given only in DRA mode (chart value dra.enabled=true), where "
+    "kube-scheduler allocates N GPUs of the node to a ResourceClaim of the replica; in this mode name "
+    "the GPUs (indices or UUIDs)"
+)
 
-    The message names the first such entry (its line and ordinal) and counts the others.
+
+@emits(GPU_NAME_NEEDS_DRA, GPU_COUNT_NEEDS_DRA)
+def pci_needs_dra(entries: Iterable[Entry], dra: bool = False) -> list[Finding]:
+    """Outside DRA mode: GPUNameNeedsDRA, once, when any of ``entries`` names its GPUs by PCI bus
+    ID, then GPUCountNeedsDRA, once, when any is a count entry (``NODE:auto(N)``).
+
+    Each message names the first such entry (its line and ordinal) and counts the others.
     """
     if dra:
         return []
-    named = [e for e in entries if e.kind == "pci"]
-    if not named:
-        return []
-    first = named[0]
-    others = f" (and {len(named) - 1} more entr{'y' if len(named) == 2 else 'ies'})" if len(named) > 1 else ""
-    return [
-        Finding(
+    entries = list(entries)
+    out: list[Finding] = []
+    for reason, found, verb, why in (
+        (
             GPU_NAME_NEEDS_DRA,
-            f"{ANNOTATION} line {first.line}: replica {first.ordinal} is mapped to "
-            f"{excerpt(f'{first.node}:{first.devices}')}{others}: {PCI_NEEDS_DRA}",
+            [e for e in entries if e.kind == "pci" and not e.count],
+            "is mapped to",
+            PCI_NEEDS_DRA,
+        ),
+        (GPU_COUNT_NEEDS_DRA, [e for e in entries if e.count], "asks for", COUNT_NEEDS_DRA),
+    ):
+        if not found:
+            continue
+        first = found[0]
+        more = len(found) - 1
+        others = f" (and {more} more entr{'y' if more == 1 else 'ies'})" if more else ""
+        out.append(
+            Finding(
+                reason,
+                f"{ANNOTATION} line {first.line}: replica {first.ordinal} {verb} "
+                f"{excerpt(f'{first.node}:{first.devices}')}{others}: {why}",
+            )
         )
-    ]
+    return out
 
 
 @emits(NO_GPU_RESOURCE, GPU_OUT_OF_RANGE)

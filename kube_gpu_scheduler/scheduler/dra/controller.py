@@ -71,6 +71,7 @@ from kube_gpu_scheduler.domain.schedmap import Entry, MapError
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.errors import short_error
 from kube_gpu_scheduler.kube.informer import Cache, Handler, Obj, object_key
+from kube_gpu_scheduler.scheduler.dra.counted import CountedClaims
 from kube_gpu_scheduler.scheduler.dra.gang import DraGangs
 from kube_gpu_scheduler.scheduler.dra.handlers import CLAIM, POD, DraHandlers
 from kube_gpu_scheduler.scheduler.dra.index import ClaimIndex, claim_pod, is_ours
@@ -168,6 +169,7 @@ class ClaimController(ClaimWrites):
         self._on = DraHandlers(self.index, self.queue, self.backoff)
         self.gangs = DraGangs(self)
         self.waits = DeviceWaits(self)
+        self.counted = CountedClaims(self)
         # Set by attach(): the caches (informers in production).
         self.pods: Cache
         self.claims: Cache
@@ -291,6 +293,8 @@ class ClaimController(ClaimWrites):
                 extra={"pod": key, "claims": refs, "want": {p.ref: p.name for p in parts}},
             )
             return Next.DONE
+        if entry.count:  # NODE:auto(N): kube-scheduler chooses the GPUs (dra/counted.py)
+            return self.counted.replica(pod, ordinal, entry, smap, parts[0])
         devices = self.devices(entry.node)
         try:
             resolved: list[dra.Device] | None = dra.resolve(entry, devices)

@@ -515,3 +515,33 @@ def test_gpus_named_by_uuid_and_pci_bus_id_are_shown_normalized_and_pci_needs_dr
     res = run("validate", str(mixed))
     assert res.returncode == 1
     assert f"{mixed}:2: node 'node1' has its GPUs named by UUID here and by index on line 1" in res.stderr
+
+
+def test_a_count_entry_is_shown_and_needs_dra_mode(tmp_path: Path) -> None:
+    raw = write(
+        tmp_path,
+        "map.txt",
+        "0=node1:0000:3b:00.0\n# two GPUs of node4, one PCIe root\n3=node4:3\n4=node4:3\n5=node4:auto(02)\n",
+    )
+    res = run("validate", str(raw))
+    assert res.returncode == 0, res.stderr
+    assert "node4  auto(2)" in res.stdout
+    assert f"{raw}:5: warning: gpu-scheduling-map line 5: replica 5 asks for node4:auto(2)" in res.stderr
+    assert "only in DRA mode (chart value dra.enabled=true)" in res.stderr
+    assert (
+        f"{raw}:1: warning: gpu-scheduling-map line 1: replica 0 is mapped to node1:0000:3b:00.0"
+        in res.stderr
+    )
+    assert run("validate", "--strict", str(raw)).returncode == 1
+    dra = run("validate", "--dra", str(raw))  # the shared GPU 3 is still said
+    assert dra.returncode == 0 and "DRA mode" not in dra.stderr and "node4:3 by ordinals 3, 4" in dra.stderr
+    doc = json.loads(run("validate", "--dra", "--format", "json", str(raw)).stdout)
+    entries = doc["inputs"][0]["maps"][0]["entries"]
+    assert [(e["ordinal"], e["gpus"], e.get("count"), e["gpu_kind"]) for e in entries][-1] == (
+        5,
+        [],
+        2,
+        "count",
+    )
+    bad = run("validate", stdin="0=node1:auto(0)\n")
+    assert bad.returncode == 1 and "<stdin>:1: GPU count 0 asks for no GPU" in bad.stderr

@@ -11,6 +11,7 @@ from typing import Any
 from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 from kube_gpu_scheduler.domain.rules import (
     GANG_WAITING,
+    GPU_COUNT_NEEDS_DRA,
     GPU_IN_USE,
     GPU_OUT_OF_RANGE,
     MAP_CONFLICT,
@@ -160,3 +161,36 @@ def test_status_names_each_gpus_holder_from_its_variables_never_from_an_annotati
     assert status.to_json(table, [])["nodes"][0]["free"] == [2, 3]
     (holder,) = table["node1"][0][1]
     assert (holder.statefulset, holder.ordinal, holder.mode) == ("w", 0, "env")
+
+
+def test_a_count_entry_waits_outside_dra_mode_and_is_placed_in_it_beside_the_tasks_map() -> None:
+    nodes = [node(f"node{i}") for i in range(1, 5)]
+    text = TASK_MAP + "5=node4:auto(2)\n"
+    got = by_ordinal(plan.plan([sts("w", text, 6)], cluster(nodes=nodes), OURS), "w")
+    assert got[5].reason == GPU_COUNT_NEEDS_DRA and "asks for node4:auto(2)" in got[5].message
+    assert all(got[o].placed for o in range(5)) and got[3].sharing == "shares node4:3 with replica 4"
+    got = by_ordinal(plan.plan([sts("w", text, 6)], cluster(nodes=nodes), OURS, dra=True), "w")
+    assert got[5].placed and got[5].sharing == ""
+    assert {k: got[5].to_json()[k] for k in ("node", "gpus", "count")} == {
+        "node": "node4",
+        "gpus": [],
+        "count": 2,
+    }
+
+
+def test_suggest_fills_the_fullest_group_that_fits_and_leaves_held_gpus_alone() -> None:
+    from kube_gpu_scheduler.mapcli import suggest
+
+    other = sts("train", "0=node1:0,1", 1, ns="team-a")
+    live = cluster(running(other, 0, "node1", "0,1"), sets=[other], nodes=[node("node1"), node("node2")])
+    held = live.holdings(OURS)
+    taken = suggest.taken_gpus(live, OURS, plan.wanted(live, held, OURS))
+    assert taken == {("node1", 0), ("node1", 1)}
+    placed, short = suggest.suggest(live, 3, 2, taken)
+    # node1 has 2 free (its fewest that fit: best fit), node2 4: node1 first, then node2 twice.
+    assert suggest.map_text(placed) == "0=node1:2,3\n1=node2:0,1\n2=node2:2,3\n" and short == ""
+    got = by_ordinal(plan.plan([sts("w", suggest.map_text(placed), 3)], live, OURS), "w")
+    assert all(r.placed for r in got.values()), [r.message for r in got.values()]
+    placed, short = suggest.suggest(live, 4, 2, taken, nodes={"node1", "node2"})
+    assert len(placed) == 3 and short.startswith("only 3 of 4 replicas fit"), short
+    assert "gpu-scheduling-map: |\n          0=node1:2,3\n" in suggest.fragment(placed, "w")

@@ -120,6 +120,7 @@ CASES = [
     ),
     Case("gpu-held-by-uuid", R.GPU_IN_USE, map_text=UUID_MAP, holders=[("node1", UUIDS[1])]),
     Case("gpu-by-pci-bus-id", R.GPU_NAME_NEEDS_DRA, map_text="0=node1:00000000:3B:00.0\n1=node2:2\n"),
+    Case("gpu-count", R.GPU_COUNT_NEEDS_DRA, map_text="0=node1:auto(2)\n1=node2:2\n"),
     Case("node-selector", R.NODE_AFFINITY, spec={"nodeSelector": {"disk": "ssd"}}),
     Case(
         "required-node-affinity",
