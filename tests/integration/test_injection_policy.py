@@ -1031,7 +1031,6 @@ def speakers(answer: Answer) -> set[str]:
     return set(re.findall(r"AdmissionPolicy '([^']+)'", " ".join([answer.message, *answer.warnings])))
 
 
-@pytest.mark.slow(reason="a 256 KiB map's StatefulSet for each of three releases side by side", budget=120)
 def test_a_256_kib_map_is_admitted_with_three_releases_side_by_side(apiserver: Apiserver) -> None:
     """This module's three releases (inj-cuda, inj-nvidia, inj-nvidia-cdi: three scheduler names,
     every policy of each in effect): a StatefulSet with the largest map is admitted for each
