@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
 from kubernetes.client.exceptions import ApiException
 
 from kube_gpu_scheduler.kube.errors import ApiError, api_error
+from kube_gpu_scheduler.kube.wire import wire_for
 
 
 def decode(data: bytes | str) -> Any:
@@ -95,7 +97,21 @@ def send_json(
     (docs/benchmarks.md). This uses the same ApiClient (its connection pool, TLS, and
     credentials, refreshed tokens included) one layer down. Errors are the client's own
     ``ApiException`` (``api_error`` reads them as before).
+
+    Where the configuration allows (no proxy), the request goes over
+    :mod:`kube_gpu_scheduler.kube.wire`'s kept-alive connections instead of urllib3's: the same
+    address, CA, certificate and token, a third of the CPU per request.
     """
+    wire = wire_for(api_client)
+    if wire is not None:
+        path_query = path + ("?" + urlencode(list(query)) if query else "")
+        data = orjson.dumps(dict(body) if isinstance(body, Mapping) else list(body))
+        answer = wire.request(method, path_query, data, timeout, content_type)
+        if not 200 <= answer.status <= 299:
+            raise ApiException.from_response(
+                http_resp=answer, body=answer.data.decode("utf-8", "replace") or None, data=None
+            )
+        return
     method, url, headers, data, post = api_client.param_serialize(
         method=method,
         resource_path=path,
