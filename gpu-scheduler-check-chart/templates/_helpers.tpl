@@ -173,7 +173,8 @@ Image of the helm test pod.
 
 {{/*
 The gpu-scheduling-map annotation: one "podIndex=nodeName:gpuDevices" line per entry,
-ordered by podIndex. Fails when a replica has no entry or an index is given twice.
+ordered by podIndex. Fails when a replica has no entry, an index is given twice, or an entry asks
+for a count (auto(N)) outside DRA mode.
 */}}
 {{- define "gpu-scheduler-check.schedulingMap" -}}
 {{- $byIndex := dict }}
@@ -183,6 +184,9 @@ ordered by podIndex. Fails when a replica has no entry or an index is given twic
 {{- fail (printf "gpuScheduling.schedulingMap: podIndex %s is given twice" $key) }}
 {{- end }}
 {{- $gpus := regexReplaceAll "\\s+" (toString .gpuDevices) "" }}
+{{- if and (hasPrefix "auto(" $gpus) (ne $.Values.gpuScheduling.injectionMode "dra") }}
+{{- fail (printf "gpuScheduling.schedulingMap: podIndex %s asks for a count (%s), which only DRA mode gives GPUs for: set gpuScheduling.injectionMode=dra (the scheduler chart's dra.enabled)" $key $gpus) }}
+{{- end }}
 {{- $_ := set $byIndex $key (printf "%d=%s:%s" (int .podIndex) .nodeName $gpus) }}
 {{- end }}
 {{- range $i := until (int .Values.replicaCount) }}

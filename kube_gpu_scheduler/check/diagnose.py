@@ -167,7 +167,7 @@ def diagnose(
                 "resolved no GPU (NVIDIA_VISIBLE_DEVICES=void or none, or a CDI device naming no GPU)",
             )
         return _no_gpu(settings, report) if no_nodes else None
-    want = len(entry.gpus)
+    want = entry.size
     counts = [report.count] + ([] if no_nodes or nodes is None else [len(nodes.gpus)])
     if isolating(settings, entry):
         if max(counts) > want:

@@ -114,6 +114,11 @@ def map_results(settings: Settings) -> tuple[list[Result], Entry | None]:
     if entry is None:
         return results, None
     results.append(Result("node", entry.node, settings.node_name, settings.node_name == entry.node, pod))
+    if entry.count and settings.injection_mode != DRA_MODE:
+        # A count entry names no GPU: only DRA mode gives it GPUs (GPUCountNeedsDRA elsewhere).
+        why = f"entry '{entry}' asks for a count of GPUs, which only DRA mode (dra.enabled) gives"
+        results.append(Result("mode", DRA_MODE, settings.injection_mode, False, pod, {"why": why}))
+        return results, entry
     if settings.injection_mode in MODES:
         given = {
             "CUDA_VISIBLE_DEVICES": settings.cuda_visible_devices,
@@ -159,7 +164,7 @@ def dev_result(
             return Result("dev", None, nodes.to_json(), None, pod, {"skipped": why})
     if entry is None:
         return Result("dev", None, nodes.to_json(), True, pod)
-    want = len(entry.gpus)
+    want = entry.size  # a count entry (auto(N)): N, whichever GPUs were chosen
     if isolating(settings, entry):
         return Result("dev", want, nodes.to_json(), len(nodes.gpus) == want, pod)
     return Result("dev", f"at least {want}", nodes.to_json(), len(nodes.gpus) >= want, pod)
@@ -202,11 +207,13 @@ def _nvml_checks(settings: Settings, entry: Entry | None, report: nvml.NvmlRepor
         results.append(
             Result(
                 "nvml:count",
-                len(entry.gpus),
+                entry.size,
                 report.count,
-                report.count == len(entry.gpus),
+                report.count == entry.size,
                 pod,
-                {"why": why},
+                {"why": why}
+                if not entry.count
+                else {"why": why, "count": f"entry '{entry}': any {entry.count}"},
             )
         )
     if entry.kind in ("uuid", "pci"):

@@ -5,6 +5,8 @@ reference its claims from the pod and each container: ``<pod>-gpus``, and where 
 GPUs the shared claims of :mod:`kube_gpu_scheduler.domain.draclaims`; each claim must be allocated
 exactly the devices its GPUs resolve to on the node (the node's ResourceSlices read with
 :mod:`kube_gpu_scheduler.domain.dra`, as the scheduler resolves them) and reserved for this pod.
+A count entry (``NODE:auto(N)``) names no device: its claim must be allocated exactly N
+different devices of its node, whichever kube-scheduler chose.
 """
 
 from __future__ import annotations
@@ -109,11 +111,12 @@ def dra_results(
     else:
         devices = dra.node_devices(state.slices, entry.node)
         try:
-            resolved = dra.resolve(entry, devices)
+            resolved = [] if entry.count else dra.resolve(entry, devices)
         except dra.Unresolved as err:
             results.append(Result("dra:devices", str(entry), str(err), False, who))
         else:
-            expected_shown = ",".join(d.name for d in resolved)
+            # A count entry: "auto(2)", any two of the node's devices (checked below).
+            expected_shown = entry.devices if entry.count else ",".join(d.name for d in resolved)
     of = dict(zip(entry.gpus, resolved or (), strict=False))
     got_all: dict[Any, str] = {}
     uid = view.meta.get("uid")
@@ -135,7 +138,10 @@ def dra_results(
         got = sorted(dra.allocation(claim), key=lambda a: a.request)
         for gpu, a in zip(part.entry.gpus, got, strict=False):
             got_all[gpu] = a.device
-        if resolved is not None:
+        if entry.count and resolved is not None:
+            results.append(_counted(claim, entry, devices, who, part.name))
+            got_all.update({i: a.device for i, a in enumerate(got)})
+        elif resolved is not None:
             wanted = [of[g] for g in part.entry.gpus]
             extra: dict[str, Any] = {"claim": part.name, "devices": [d.describe() for d in wanted]}
             if part.shared:
@@ -165,8 +171,30 @@ def dra_results(
                 {"claim": part.name},
             )
         )
-    shown = ",".join(got_all[g] for g in entry.gpus if g in got_all) or None
-    return results, shown, expected_shown
+    shown = ",".join(got_all[g] for g in (range(entry.count) if entry.count else entry.gpus) if g in got_all)
+    return results, shown or None, expected_shown
+
+
+def _counted(
+    claim: Mapping[str, Any], entry: Entry, devices: Sequence[dra.Device], who: str, name: str
+) -> Result:
+    """``dra:allocation`` of a count entry (``NODE:auto(N)``): its claim is allocated exactly N
+    different devices, each one the entry's node publishes (which ones, kube-scheduler chose)."""
+    got = [(a.pool, a.device) for a in dra.allocation(claim) if a.driver == dra.DRIVER]
+    mine = {(d.pool, d.name) for d in devices}
+    foreign = [f"{p}/{d}" for p, d in got if (p, d) not in mine]
+    ok = len(got) == entry.count and len(set(got)) == len(got) and not foreign
+    extra: dict[str, Any] = {"claim": name, "count": entry.count}
+    if foreign:
+        extra["notOnNode"] = foreign
+    return Result(
+        "dra:allocation",
+        f"{entry.count} devices of node {entry.node}",
+        [f"{p}/{d}" for p, d in got],
+        ok,
+        who,
+        extra,
+    )
 
 
 def raw_json(response: Any) -> Any:

@@ -215,7 +215,10 @@ def evaluate_release(
                     results.append(r)
         elif entry is not None:
             results.append(Result("node", entry.node, node, node == entry.node, who))
-            for container in spec.get("containers") or []:
+            if entry.count:  # a count entry names no GPU: only DRA mode gives it GPUs
+                why = f"entry '{entry}' asks for a count of GPUs, which only DRA mode (dra.enabled) gives"
+                results.append(Result("mode", DRA_MODE, checked_as, False, who, {"why": why}))
+            for container in [] if entry.count else spec.get("containers") or []:
                 env = _container_env(container)
                 cmode = _detect_mode(env, mode)
                 devices_shown = devices_shown or env.get("CUDA_VISIBLE_DEVICES")

@@ -33,7 +33,8 @@ from kube_gpu_scheduler.domain.rules import (
     unused_ordinals,
 )
 from kube_gpu_scheduler.domain.schedmap import ANNOTATION, MapError, SchedulingMap, parse, sharing_problems
-from kube_gpu_scheduler.mapcli.commands import add_commands, run_plan, run_status, run_suggest
+from kube_gpu_scheduler.mapcli import topology
+from kube_gpu_scheduler.mapcli.commands import add_commands, live_slices, run_plan, run_status, run_suggest
 from kube_gpu_scheduler.mapcli.manifest import (
     DEFAULT_SCHEDULER_NAME,
     FoundMap,
@@ -384,6 +385,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SCHEDULER_NAME,
         help="the schedulerName pods must use (default: %(default)s)",
     )
+    v.add_argument(
+        "--live",
+        action="store_true",
+        help="also read the live cluster's ResourceSlices: a named entry whose GPUs span PCIe roots "
+        "(else NUMA nodes) is a warning (GPUsSpanTopology)",
+    )
+    v.add_argument(
+        "--kubeconfig", help="with --live: kubeconfig file (default: KUBECONFIG, in-cluster, ~/.kube/config)"
+    )
     add_commands(sub)
     return parser
 
@@ -416,6 +426,11 @@ def validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 sharing_allowed=not args.no_sharing,
             )
         )
+    if args.live or args.kubeconfig:
+        slices = live_slices(args.kubeconfig, err)
+        if slices is None:
+            return EXIT_UNREADABLE
+        topology.warn([m for i in inputs for m in i.maps], slices)
     unreadable = any(i.error for i in inputs)
     invalid = any(not m.ok for i in inputs for m in i.maps)
     warned = any(i.notes or any(m.warnings for m in i.maps) for i in inputs)

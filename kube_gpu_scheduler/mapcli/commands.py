@@ -24,6 +24,7 @@ from kube_gpu_scheduler.kube.errors import error_message
 from kube_gpu_scheduler.mapcli import plan as planning
 from kube_gpu_scheduler.mapcli import status as viewing
 from kube_gpu_scheduler.mapcli import suggest as suggesting
+from kube_gpu_scheduler.mapcli import topology
 from kube_gpu_scheduler.mapcli.live import Cluster
 
 EXIT_OK, EXIT_WAITS, EXIT_UNREADABLE = 0, 1, 2
@@ -104,6 +105,21 @@ def _cluster(args: argparse.Namespace, err: TextIO) -> tuple[Any, Cluster] | Non
     return None
 
 
+def live_slices(kubeconfig: str | None, err: TextIO) -> list[dict[str, Any]] | None:
+    """``validate --live``: the cluster's ResourceSlices; None (said on ``err``) when unreadable."""
+    try:
+        api = load_client(kubeconfig, user_agent="gpu-scheduler-map")
+        try:
+            return topology.read_slices(api)
+        finally:
+            api.close()
+    except KubeConfigError as exc:
+        print(f"gpu-scheduler-map: {exc}", file=err)
+    except Exception as exc:
+        print(f"gpu-scheduler-map: cannot read the cluster: {error_message(exc)}", file=err)
+    return None
+
+
 def run_plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         if args.file == "-":
@@ -162,11 +178,12 @@ def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     api.close()
     table = viewing.gpu_table(cluster, args.scheduler_name)
     waits = viewing.waiting(cluster, args.scheduler_name, notes)
+    spans = topology.spanning(cluster.pods, cluster.slices, args.scheduler_name)
     if args.output == "json":
-        json.dump(viewing.to_json(table, waits), out, indent=2)
+        json.dump(viewing.to_json(table, waits, spans), out, indent=2)
         print(file=out)
     else:
-        viewing.print_table(table, waits, out)
+        viewing.print_table(table, waits, out, spans)
     return EXIT_OK
 
 

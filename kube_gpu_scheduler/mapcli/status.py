@@ -8,11 +8,13 @@ publishes, in PCI bus ID order) with its holder: namespace, pod, StatefulSet, or
 holders are read as the scheduler reads them (:mod:`kube_gpu_scheduler.mapcli.live`), never
 from an annotation. Waiting replicas: our pending pods with the scheduler's ``PodScheduled``
 message, and DRA replicas behind their scheduling gate with gpu-scheduler's latest Warning.
+Bound replicas whose named GPUs span PCIe roots (else NUMA nodes) of what their node's slices
+publish (:mod:`kube_gpu_scheduler.mapcli.topology`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -24,6 +26,7 @@ from kube_gpu_scheduler.domain.podinfo import entry_for, ordinal_of
 from kube_gpu_scheduler.domain.schedmap import GPU, MapError
 from kube_gpu_scheduler.kube.jsonio import list_all
 from kube_gpu_scheduler.mapcli.live import Cluster, Holder, replica_json, sort_gpus
+from kube_gpu_scheduler.mapcli.topology import Spanning
 
 FREE = "free"
 
@@ -114,7 +117,9 @@ def latest_warnings(api: client.ApiClient, scheduler_name: str) -> dict[str, str
     return {k: v for k, (_, v) in notes.items()}
 
 
-def to_json(table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Waiting]) -> dict[str, Any]:
+def to_json(
+    table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Waiting], spans: Sequence[Spanning] = ()
+) -> dict[str, Any]:
     nodes = [
         {
             "name": node,
@@ -123,11 +128,14 @@ def to_json(table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Wai
         }
         for node, gpus in table.items()
     ]
-    return {"nodes": nodes, "waiting": [w.to_json() for w in waits]}
+    return {"nodes": nodes, "waiting": [w.to_json() for w in waits], "topology": [s.to_json() for s in spans]}
 
 
 def print_table(
-    table: Mapping[str, list[tuple[GPU, list[Holder]]]], waits: list[Waiting], out: TextIO
+    table: Mapping[str, list[tuple[GPU, list[Holder]]]],
+    waits: list[Waiting],
+    out: TextIO,
+    spans: Sequence[Spanning] = (),
 ) -> None:
     rows: list[tuple[str, ...]] = [("NODE", "GPU", "HOLDER", "STATEFULSET", "ORDINAL", "MODE")]
     for node, gpus in table.items():
@@ -150,6 +158,21 @@ def print_table(
                 w.why,
             )
             for w in waits
+        ]
+        _print(rows, out)
+    if spans:  # named GPUs under more than one PCIe root (else NUMA node), from the slices
+        print(file=out)
+        rows = [("SPANS TOPOLOGY", "STATEFULSET", "ORDINAL", "NODE", "GPUS", "WARNING")]
+        rows += [
+            (
+                f"{s.namespace}/{s.pod}",
+                s.statefulset,
+                "" if s.ordinal is None else str(s.ordinal),
+                s.node,
+                s.gpus,
+                s.span,
+            )
+            for s in spans
         ]
         _print(rows, out)
 

@@ -232,3 +232,38 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     )
     assert res.returncode == 1 and "only 0 of 1 replicas fit" in res.stderr, res.stderr
     no_device_twice(env)
+
+    # Topology warnings beyond plan: once w is scaled away node a is free; t's replica 0 names a
+    # GPU of each root. validate --live says so, the scheduler says so on the pod when it makes
+    # the claim (placed all the same), and status lists the bound replica that spans.
+    env.cluster.kubectl("scale", "statefulset", "w", "--replicas=0", "-n", env.namespace)
+    pools = {d.pool for d in env.devices("a")}
+    wait_for(
+        lambda: (
+            not any(x.pool in pools for c in env.get("resourceclaims")["items"] for x in dra.allocation(c))
+        ),
+        90,
+        what=f"node {a}'s GPUs released",
+    )
+    devices_a = env.devices("a")
+    one, other = devices_a[1], devices_a[5]
+    assert (one.pcie_root, other.pcie_root) == ("pci0000:00", "pci0000:80")
+    spans = f"spans PCIe roots pci0000:00 ({one.name}), pci0000:80 ({other.name})"
+    spread = env.statefulset("t", f"0={a}:1,5\n1={a}:2,3", 2)
+    res = mapcli(env, "validate", "--live", "--dra", "--format", "json", "-", stdin=yaml.safe_dump(spread))
+    assert res.returncode == 0, res.stderr
+    found = json.loads(res.stdout)["inputs"][0]["maps"][0]["warnings"]
+    topo = [w for w in found if w["reason"] == "GPUsSpanTopology"]
+    assert len(topo) == 1 and f"entry '0={a}:1,5' {spans}" in topo[0]["message"], found
+    env.cluster.apply(spread)
+    for i in range(2):
+        wait_for(lambda i=i: env.placed(f"t-{i}"), 90, what=f"t-{i} placed on its named GPUs")
+    note = env.events("t-0", "GPUsSpanTopology")
+    assert len(note) == 1 and f"replica 0 (entry '0={a}:1,5') {spans}" in note[0], note
+    assert not env.events("t-1", "GPUsSpanTopology")
+    res = mapcli(env, "status", "--output", "json")
+    listed = [(s["pod"], s["node"], s["gpus"], s["spans"]) for s in json.loads(res.stdout)["topology"]]
+    assert listed == [("t-0", a, "1,5", spans)], listed
+    table = mapcli(env, "status").stdout
+    assert "SPANS TOPOLOGY" in table and f"{env.namespace}/t-0" in table.split("SPANS TOPOLOGY")[1], table
+    no_device_twice(env)

@@ -303,3 +303,52 @@ def test_two_replicas_that_share_a_gpu_both_see_it_and_no_foreign_claim_gets_it(
     assert have["nodes"] == {f"nvidia{gpu.minor}": gpu.minor}, have
     assert node_devices_held(node_cluster)[gpu.name] == [f"{ns}/share-0-shared-1"]
     assert sum(1 for v in scheduled().values() if v) == 3, scheduled()
+
+
+def test_a_count_entry_gets_two_gpus_from_nvidias_driver_and_keeps_them(
+    node_cluster: Cluster, node_namespace: str, product_image: Image, dra_release: str
+) -> None:
+    """``0=<node>:auto(2)``: the replica's claim asks NVIDIA's class for two devices and
+    kube-scheduler chooses them; the kubelet has NVIDIA's plugin prepare them, and the container
+    has exactly those two (device nodes, NVML's UUIDs). After the pod is deleted the replica's
+    next pod has the same two (its claim, pinned by the StatefulSet). The stand-in publishes
+    neither ``resource.kubernetes.io/pcieRoot`` (the driver reads it from sysfs, which the stand-in
+    cannot provide) nor ``numaNode``, so the claim carries no ``matchAttribute``: any two GPUs."""
+    driver = node_cluster.nvidia
+    assert driver is not None
+    by_name = {g.name: g for g in driver.gpus_in_bus_order()}
+    # The previous test's namespace is going: its claims are released once its StatefulSets are gone.
+    node_cluster.wait_until(lambda: not node_devices_held(node_cluster), 120, "the node's GPUs to be free")
+    ns = node_namespace
+    apply_in(node_cluster, ns, reporting_replicas("cnt", f"0={NODE_NAME}:auto(2)", 1, product_image.ref))
+    have = seen(node_cluster, ns, "cnt-0")
+    claim = json.loads(
+        node_cluster.kubectl("get", "resourceclaim", "-n", ns, "cnt-0-gpus", "-o", "json").stdout
+    )
+    assert "constraints" not in claim["spec"]["devices"], claim["spec"]
+    assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2, claim["spec"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["pool"] for r in results} == {NODE_NAME}, results
+    got = [by_name[r["device"]] for r in results]
+    assert len({g.name for g in got}) == 2, results
+    assert have["nodes"] == {f"nvidia{g.minor}": g.minor for g in got}, have
+    assert sorted(have["uuids"]) == sorted(g.uuid for g in got), have
+    # Sticky: the next pod of the replica gets the same two GPUs through the same claim.
+    old_uid = pod_json(node_cluster, ns, "cnt-0")["metadata"]["uid"]
+    node_cluster.kubectl("delete", "pod", "-n", ns, "cnt-0", "--wait=true")
+    node_cluster.wait_until(
+        lambda: (
+            node_cluster.kubectl(
+                "get", "pod", "-n", ns, "cnt-0", "-o", "jsonpath={.metadata.uid}", check=False
+            ).stdout
+            not in ("", old_uid)
+        ),
+        60,
+        "the StatefulSet to recreate cnt-0",
+    )
+    again = seen(node_cluster, ns, "cnt-0")
+    assert again["nodes"] == have["nodes"], (again, have)
+    after = json.loads(
+        node_cluster.kubectl("get", "resourceclaim", "-n", ns, "cnt-0-gpus", "-o", "json").stdout
+    )
+    assert after["metadata"]["uid"] == claim["metadata"]["uid"], "the claim was made anew"

@@ -63,6 +63,7 @@ GPU_TAINTED = "GPUTainted"  # Warning: a GPU of the entry has a NoSchedule or No
 TAINTED_CLAIM_RELEASED = "TaintedClaimReleased"  # Normal: a claim on a NoExecute-tainted GPU was released
 GPUS_CHOSEN = "GPUsChosen"  # Normal: kube-scheduler allocated a count entry's claim these GPUs
 GPU_COUNT_WAITS = "GPUCountWaits"  # Warning: no topology group of the node has the count's GPUs free
+GPUS_SPAN_TOPOLOGY = "GPUsSpanTopology"  # Warning: a named entry's GPUs span PCIe roots (else NUMA nodes)
 
 # Tenancy (kube_gpu_scheduler/scheduler/tenancy/holdings.py): the reasons of a GPUPinningPolicy's status
 # conditions, Enforced (True: counted; False: its spec does not parse) and LimitReached.
@@ -108,6 +109,7 @@ DRA_CLAIM_REASONS = (
     TAINTED_CLAIM_RELEASED,
     GPUS_CHOSEN,
     GPU_COUNT_WAITS,
+    GPUS_SPAN_TOPOLOGY,
 )
 
 OTHER_REASONS = (

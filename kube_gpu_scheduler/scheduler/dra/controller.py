@@ -319,8 +319,8 @@ class ClaimController(ClaimWrites):
             if step is not None:
                 return step
             claims.append((part, claim))
-        if made:
-            return Next.DONE  # each claim's arrival enqueues the replica again
+        if made:  # each claim's arrival enqueues the replica again; GPUsSpanTopology when it spans
+            return self._tell_spans(pod, ordinal, entry, devices)
         if dra.gated(pod):
             if not self.gangs.may_open(pod):
                 return Next.WAITING  # a gang member: all its gates open together (dra/gang.py)

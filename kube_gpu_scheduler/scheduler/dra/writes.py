@@ -1,6 +1,7 @@
 """The claim controller's writes (:mod:`kube_gpu_scheduler.scheduler.dra.controller`), through its
 :class:`kube_gpu_scheduler.scheduler.dra.writer.ClaimWriter`: make a claim, pin it, unpin and
-delete it, release a claim on a NoExecute-tainted GPU; and what a key's work answers (:class:`Next`).
+delete it, release a claim on a NoExecute-tainted GPU, say that a named entry spans PCIe roots; and
+what a key's work answers (:class:`Next`).
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 import enum
 import logging
 
-from kube_gpu_scheduler.domain import dra, draclaims
+from kube_gpu_scheduler.domain import dra, draclaims, dracount
 from kube_gpu_scheduler.domain.objects import Pod
-from kube_gpu_scheduler.domain.rules.catalogue import CLAIM_CREATED
+from kube_gpu_scheduler.domain.rules.catalogue import CLAIM_CREATED, GPUS_SPAN_TOPOLOGY
+from kube_gpu_scheduler.domain.schedmap import Entry
 from kube_gpu_scheduler.kube.informer import Obj, object_key
 from kube_gpu_scheduler.scheduler.dra.taints import Tainted, TaintedGpus
 from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
@@ -69,6 +71,21 @@ class ClaimWrites:
             + f" ({what}); kube-scheduler allocates it.",
         )
         return True
+
+    def _tell_spans(self, pod: Obj, ordinal: int, entry: Entry, devices: list[dra.Device]) -> Next:
+        """``GPUsSpanTopology`` (Warning), when the replica's claims are made: its named GPUs lie
+        under more than one PCIe root (else NUMA node) of what its node publishes. Placed all the
+        same: the map names them (admission cannot say it: it reads no ResourceSlice)."""
+        span = dracount.spans(entry, devices)
+        if span:
+            self._events.warning(
+                pod,
+                GPUS_SPAN_TOPOLOGY,
+                f"{GPUS_SPAN_TOPOLOGY}: replica {ordinal} (entry '{entry}') {span} of node "
+                f"{entry.node}; it is placed as named, but GPUs under one root talk faster: name GPUs of "
+                "one root, or ask for a count (NODE:auto(N)).",
+            )
+        return Next.DONE
 
     def _ensure_pin(self, claim: Obj, sts_name: str, sts_uid: str) -> Next:
         reserved = list((claim.get("status") or {}).get("reservedFor") or [])

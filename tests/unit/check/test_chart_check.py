@@ -95,10 +95,28 @@ def test_the_tasks_map_with_two_replicas_sharing_a_gpu_renders_as_written() -> N
     assert parse(text).shared() == {("node4", 3): (3, 4)}
 
 
+def test_a_count_entry_renders_in_dra_mode_and_its_replica_is_checked_for_how_many() -> None:
+    entries = [
+        {"podIndex": 0, "nodeName": "a", "gpuDevices": " auto(2) "},
+        {"podIndex": 1, "nodeName": "b", "gpuDevices": "1"},
+    ]
+    values = {"replicaCount": 2, "gpuScheduling": {"injectionMode": "dra", "schedulingMap": entries}}
+    text = sts(render(CHART, values=values))["spec"]["template"]["metadata"]["annotations"][ANNOTATION]
+    assert text == "0=a:auto(2)\n1=b:1\n"
+    assert parse(text)[0].count == 2
+
+
+COUNT_OUTSIDE_DRA = {
+    "replicaCount": 1,
+    "gpuScheduling": {"schedulingMap": [{"podIndex": 0, "nodeName": "a", "gpuDevices": "auto(2)"}]},
+}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         ({"replicaCount": 4}, "no entry for podIndex 3"),
+        (COUNT_OUTSIDE_DRA, "podIndex 0 asks for a count (auto(2)), which only DRA mode gives GPUs for"),
         (
             {
                 "replicaCount": 1,
@@ -125,6 +143,9 @@ def test_bad_maps_fail_with_a_message(values: dict[str, Any], message: str) -> N
         "schedulerNmae=x",
         "gpuScheduling.schedulingMap[0].gpuDevice=1",
         "gpuScheduling.schedulingMap[0].gpuDevices=a\\,b",
+        "gpuScheduling.schedulingMap[0].gpuDevices=auto(0)",
+        "gpuScheduling.schedulingMap[0].gpuDevices=auto(33)",
+        "gpuScheduling.schedulingMap[0].gpuDevices=auto(2)\\,3",
         "gpuScheduling.schedulingMap[0].nodeName=Bad_Node",
         "gpuScheduling.injectionMode=rocm",
         "check.intervalSecond=3",

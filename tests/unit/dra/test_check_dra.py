@@ -314,3 +314,78 @@ def test_release_dra_replicas_that_share_a_gpu_check_the_one_shared_claim() -> N
     pods[3] = pod("w-4", "node2", {"gpu-scheduler": "w-4-gpus"})
     results, _ = evaluate_release(pods, {"w": sts("w", shared_map)}, "ns", dra_state=st)
     assert ("ns/w-4", "dra:claim-ref") in {(r.pod, r.check) for r in results if r.ok is False}
+
+
+# --- count entries (NODE:auto(N)): the number of GPUs, never which ---------------------------------
+
+COUNTED = "0=node1:auto(2)\n1=node2:0\n"
+
+
+def test_in_pod_a_count_entry_checks_how_many_gpus_not_which() -> None:
+    at = dra_settings(map_text=COUNTED, pod_name="w-0", pod_index="0", node_name="node1")
+    results, entry = map_results(at)
+    assert entry is not None and entry.count == 2
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+    two = nvml.DeviceNodes(("/dev/nvidia3", "/dev/nvidia5"), True)
+    ok = by_check(nvml_results(at, entry, nvml.query(fake_pynvml(2)), two))
+    assert (ok["nvml:count"].expected, ok["nvml:count"].ok, ok["dev"].expected, ok["dev"].ok) == (
+        2,
+        True,
+        2,
+        True,
+    )
+    assert "nvml:indices" not in ok and "nvml:uuids" not in ok
+    three = nvml.DeviceNodes(("/dev/nvidia3", "/dev/nvidia5", "/dev/nvidia6"), True)
+    bad = by_check(nvml_results(at, entry, nvml.query(fake_pynvml(3)), three))
+    assert (bad["nvml:count"].actual, bad["nvml:count"].ok, bad["dev"].ok) == (3, False, False)
+
+
+def test_in_pod_a_count_entry_outside_dra_mode_fails_and_says_dra() -> None:
+    at = settings(
+        map_text=COUNTED, pod_name="w-0", pod_index="0", node_name="node1", cuda_visible_devices=None
+    )
+    results, _ = map_results(at)
+    mode = by_check(results)["mode"]
+    assert (mode.expected, mode.actual, mode.ok) == ("dra", "cuda", False)
+    assert "only DRA mode" in mode.extra["why"]
+    assert not [r for r in results if r.check.startswith("env:")]
+
+
+def counted_pods() -> list[dict[str, Any]]:
+    pods = [dra_pod("w-0", "node1"), dra_pod("w-1", "node2")]
+    for p in pods:
+        p["metadata"]["annotations"]["gpu-scheduling-map"] = COUNTED
+    return pods
+
+
+def test_release_a_count_entrys_claim_holds_n_devices_of_its_node() -> None:
+    # node2's index 0 is its gpu-2 (bus order); w-0's two GPUs are whichever kube-scheduler chose.
+    st = state(w_0=claim("w-0", "node1", ["gpu-3", "gpu-1"]), w_1=claim("w-1", "node2", ["gpu-2"]))
+    results, rows = evaluate_release(counted_pods(), {"w": sts("w", COUNTED)}, "ns", dra_state=st)
+    assert passed(results), [r.to_json() for r in results if r.ok is False]
+    assert [(r.name, r.devices, r.expected_devices, r.ok) for r in rows] == [
+        ("w-0", "gpu-3,gpu-1", "auto(2)", True),
+        ("w-1", "gpu-2", "gpu-2", True),
+    ]
+    alloc = next(r for r in results if r.pod == "ns/w-0" and r.check == "dra:allocation")
+    assert alloc.expected == "2 devices of node node1" and alloc.extra["count"] == 2
+
+
+def test_release_a_count_entrys_claim_with_too_few_or_foreign_devices_fails() -> None:
+    for devices, pool in ((["gpu-3"], "node1"), (["gpu-3", "gpu-3"], "node1"), (["gpu-0", "gpu-1"], "node2")):
+        st = state(w_0=claim("w-0", pool, devices), w_1=claim("w-1", "node2", ["gpu-2"]))
+        results, rows = evaluate_release(counted_pods(), {"w": sts("w", COUNTED)}, "ns", dra_state=st)
+        alloc = next(r for r in results if r.pod == "ns/w-0" and r.check == "dra:allocation")
+        assert alloc.ok is False and not rows[0].ok, (devices, pool, alloc.to_json())
+        if pool == "node2":
+            assert alloc.extra["notOnNode"] == ["node2/gpu-0", "node2/gpu-1"]
+
+
+def test_release_a_count_entry_outside_dra_mode_fails_and_says_dra() -> None:
+    from tests.unit.check.test_check import pod
+
+    pods = [pod("w-0", "node1", {"CUDA_VISIBLE_DEVICES": "auto(2)"}, text=COUNTED)]
+    results, rows = evaluate_release(pods, {"w": sts("w", COUNTED, replicas=1)}, "ns", mode="cuda")
+    mode = next(r for r in results if r.check == "mode")
+    assert (mode.expected, mode.ok) == ("dra", False) and "only DRA mode" in mode.extra["why"]
+    assert not rows[0].ok
