@@ -145,7 +145,12 @@ def attest(ref: str, predicate: Path, predicate_type: str, key: Key, plain_http:
 def verify(ref: str, public: Path, plain_http: bool) -> list[dict[str, Any]]:
     """``cosign verify`` of ``ref`` with ``public``: the verified signatures' payloads."""
     out = run(["verify", "--key", str(public), "--insecure-ignore-tlog", *registry_flags(plain_http), ref])
-    return [json.loads(line) for line in out.splitlines() if line.strip().startswith(("{", "["))]
+    payloads: list[dict[str, Any]] = []
+    for line in out.splitlines():
+        if line.strip().startswith(("{", "[")):
+            doc = json.loads(line)
+            payloads += doc if isinstance(doc, list) else [doc]
+    return payloads
 
 
 def verify_attestation(ref: str, public: Path, predicate_type: str, plain_http: bool) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ REGISTRY_PORT ?= 5000
 release: venv chart-tools ## Build the image, package both charts with its digest, push all three: make release VERSION=x.y.z REGISTRY=host[:port][/path]
 	@if [ -z "$(VERSION)" ] || [ -z "$(REGISTRY)" ]; then \
 	  echo "usage: make release VERSION=x.y.z REGISTRY=host[:port][/path]" >&2; exit 2; fi
-	tools/provision.sh host cosign
+	tools/provision.sh cosign
 	$(PY) -m localcluster.publish --version "$(VERSION)" --registry "$(REGISTRY)" --base "$(IMAGE_BASE)" \
 	  $(if $(PLAIN_HTTP),--plain-http "$(PLAIN_HTTP)")
 
