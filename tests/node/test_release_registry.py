@@ -33,6 +33,7 @@ from localcluster.node import NODE_NAME
 from localcluster.publish import Release
 from localcluster.registry import Registry
 from localcluster.release import CHECK_CHART, REAL_NODE_PLACEMENT, SCHEDULER_CHART, release_status
+from localcluster.sbom import normalize
 from localcluster.webhook_host import make_certs
 from tests.node.conftest import RELEASE, SYSTEM_NS, Product
 from tests.support.waiting import wait_for
@@ -123,19 +124,19 @@ def test_cosign_verifies_the_signature_and_each_sbom_with_the_release_key_and_no
     signed = cosign.verify(release.image_ref, public, plain_http=True)
     assert [p["critical"]["image"]["docker-manifest-digest"] for p in signed] == [release.digest]
     for platform, digest in release.platforms.items():
+        arch = platform.split("/")[1]
         (statement,) = cosign.verify_attestation(
             f"{release.image}@{digest}", public, SBOM_TYPE, plain_http=True
         )
         assert [s["digest"]["sha256"] for s in statement["subject"]] == [digest.removeprefix("sha256:")]
         assert statement["predicateType"] == "https://spdx.dev/Document"
-        packages = {p["name"]: p for p in statement["predicate"]["packages"]}
+        packages = {normalize(p["name"]): p for p in statement["predicate"]["packages"]}
         assert packages["kube-gpu-scheduler"]["versionInfo"] == release.version, platform
         assert "kubernetes" in packages and "flask" in packages
         # dpkg's database of each base: the interpreter's package, for this platform.
-        python = [p for name, p in packages.items() if name.startswith("libpython3.11")]
-        assert python and python[0]["externalRefs"][0]["referenceLocator"].endswith(
-            f"?arch={platform.split('/')[1]}"
-        ), platform
+        purls = {p["externalRefs"][0]["referenceLocator"] for p in statement["predicate"]["packages"][1:]}
+        pythons = [u for u in purls if u.startswith("pkg:deb/debian/libpython3.11-minimal@")]
+        assert len(pythons) == 1 and pythons[0].endswith(f"?arch={arch}"), (platform, sorted(purls))
     other = cosign.generate_key(tmp_path / "other", "another key")
     with pytest.raises(RuntimeError, match="accepted signatures do not match threshold"):
         cosign.verify(release.image_ref, other.public, plain_http=True)

@@ -254,7 +254,8 @@ def _move_paths(root: Path, command: str) -> str:
     )
     others = [
         p
-        for p in re.findall(r"(?<![\w./-])/[\w./-]+", command)
+        # (not a path under a variable: "${site}/bin")
+        for p in re.findall(r"(?<![\w./}-])/[\w./-]+", command)
         if not any(p == s or p.startswith(s + "/") for s in STAGE_PATHS)
     ]
     assert not others, (
