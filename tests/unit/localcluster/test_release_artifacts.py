@@ -187,3 +187,17 @@ def test_a_bases_platform_image_by_digest() -> None:
     assert repository_of("127.0.0.1:5000/team/python:3.11") == "127.0.0.1:5000/team/python"
     assert repository_of("127.0.0.1:5000/python") == "127.0.0.1:5000/python"
     assert dockerfile_base(REPO / "Dockerfile").startswith("python:3.11.14-slim-bookworm@sha256:")
+
+
+def test_each_architecture_has_its_own_base_image_and_archive() -> None:
+    """make image's two archives: keyed apart (the arm64 one by its base too), and a new build of
+    one architecture replaces only that architecture's older archive and image."""
+    from localcluster import image
+
+    amd, arm = image.image_for_tree(), image.image_for_tree("arm64")
+    assert arm.ref.endswith("-arm64") and arm.archive.name.endswith("-arm64.oci.tar")
+    assert amd.ref.rsplit("-", 1)[1] != "arm64" and amd.archive != arm.archive
+    assert image.base_ref() != image.base_ref("arm64") and "-arm64-" in image.base_ref("arm64")
+    assert image._arch_of(arm.archive.name.removesuffix(".oci.tar")) == "-arm64"
+    assert image._arch_of(amd.archive.name.removesuffix(".oci.tar")) == ""
+    assert image._arch_of(amd.ref) == "" and image._arch_of(arm.ref) == "-arm64"
