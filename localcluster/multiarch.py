@@ -55,6 +55,9 @@ def archives_for_tree(source: Path, python_image: str | None, work: Path) -> dic
         return {f"linux/{arch}": img.build(arch=arch).archive for arch in ARCHES}
     if python_image == "dockerfile":
         python_image = dockerfile_base(source / "Dockerfile")
+    if python_image is not None and "@" in python_image:
+        # name:tag@digest as name@digest: Debian's buildah and skopeo refuse both at once.
+        python_image = f"{repository_of(python_image)}@{python_image.split('@', 1)[1]}"
     out = {}
     for arch in ARCHES:
         ref = f"localhost/gpu-scheduler:release-build-{arch}"
@@ -108,13 +111,12 @@ def platform_digest(index: dict[str, Any], arch: str, os_name: str = "linux") ->
 
 def platform_ref(ref: str, arch: str) -> str:
     """``ref``'s image for ``arch``, by digest (``skopeo inspect --raw`` of its index)."""
+    host = ref.split("/", 1)[0].rsplit(":", 1)[0] if "/" in ref else ""
+    tls = ["--tls-verify=false"] if host in ("127.0.0.1", "localhost", "[::1]") else []  # loopback: HTTP
     res = subprocess.run(
-        [skopeo(), "inspect", "--raw", f"docker://{ref}"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+        [skopeo(), "inspect", *tls, "--raw", f"docker://{ref}"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
     if res.returncode != 0:
         raise RuntimeError(f"skopeo inspect {ref} failed:\n{res.stderr[-2000:]}")
     return f"{repository_of(ref)}@{platform_digest(json.loads(res.stdout), arch)}"
