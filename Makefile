@@ -41,8 +41,9 @@ tools: ## Build the pinned control-plane binaries into $(GPU_SCHEDULER_CACHE)
 unit-tools: ## Build only what the unit tests run: helm, ct, kube-score, NVIDIA's container toolkit
 	tools/provision.sh unit
 
-image: venv tools ## Build the image from the Dockerfile without Docker (mmdebstrap + buildah) into build/image/
+image: venv tools ## Build the image from the Dockerfile without Docker (mmdebstrap + buildah) into build/image/, amd64 and arm64
 	$(PY) -m localcluster.image
+	$(PY) -m localcluster.image --arch arm64
 
 test: venv tools image ## Before a commit (and CI): the whole suite (unit + local control plane + the real node)
 	$(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)

@@ -2,10 +2,12 @@
 
 1. The version must be the one the tree says everywhere (tools/release_check.py: pyproject.toml,
    both charts' ``version`` and ``appVersion``).
-2. The image: built from the Dockerfile without Docker (localcluster/image.py: buildah, on the
-   mmdebstrap base, or ``--base dockerfile``: the Dockerfile's own ``PYTHON_IMAGE``, as CI does),
-   labelled with its version and revision, pushed as ``REGISTRY/gpu-scheduler:x.y.z``; its digest
-   is what the registry stored (``buildah push --digestfile``).
+2. The image (localcluster/multiarch.py): linux/amd64 and linux/arm64 under one OCI image index,
+   pushed as ``REGISTRY/gpu-scheduler:x.y.z``. The amd64 image is `make image`'s archive, the one
+   `make test` ran (same base, same digest); arm64 is cross-built from the same Dockerfile (or,
+   ``--base dockerfile``, both built on the Dockerfile's own ``PYTHON_IMAGE``, as CI does). An SPDX
+   SBOM per platform attested and the index signed with cosign (COSIGN_KEY, or a local key in
+   build/release-keys/), both verified back from the registry: the release fails otherwise.
 3. Both charts, packaged with that image written into what they install: ``image.repository``
    = ``REGISTRY/gpu-scheduler`` and ``image.digest`` = the digest (a chart older than
    ``image.digest``, such as 0.1.0, gets it as ``image.tag: x.y.z@sha256:...``), and Artifact
@@ -21,7 +23,8 @@ the registry wants them, come from ``RELEASE_REGISTRY_USER``/``RELEASE_REGISTRY_
 (``buildah login`` and ``helm registry login``, password on stdin).
 
 ``--source DIR`` releases another tree (an earlier release's checkout: the upgrade tests push
-the previous release this way), ``--image LOCALREF`` pushes an image already built.
+the previous release this way), ``--image LOCALREF`` pushes an image already built (one
+platform, labelled with the version here, unsigned: the tests' previous release).
 """
 
 from __future__ import annotations
@@ -300,8 +303,12 @@ class Release:
     version: str
     registry: str
     image: str  # REGISTRY/gpu-scheduler
-    digest: str
+    digest: str  # the image index (one platform's manifest with --image)
     charts: dict[str, ChartRelease] = field(default_factory=dict)
+    platforms: dict[str, str] = field(default_factory=dict)  # "linux/amd64" -> manifest digest
+    sboms: dict[str, str] = field(default_factory=dict)  # platform -> SPDX file attested
+    archives: dict[str, str] = field(default_factory=dict)  # platform -> OCI archive pushed
+    public_key: str = ""  # verifies the signature and the attestations
 
     @property
     def image_ref(self) -> str:
@@ -337,23 +344,30 @@ def publish(
         raise SystemExit("release: the tree does not say one version:\n  " + "\n  ".join(problems))
     plain = is_loopback(registry) if plain_http is None else plain_http
     login(registry, plain)
-    if local_image:
-        local = in_storage(local_image, local_archive)
-    else:
-        local = build_tree_image(source, f"localhost/{IMAGE_NAME}:build-{version}", python_image)
-    ref = labelled(local, version, revision)
-    try:
-        digest = push_image(ref, registry, [version], plain)
-    finally:
-        # The labelled copy was only for the push (its layers are the built image's).
-        from localcluster.image import buildah
-
-        buildah("rmi", ref, check=False)
-    say(f"image {image_repository(registry)}:{version} is {digest}")
-    release = Release(version, registry, image_repository(registry), digest)
     out_charts = Path(out) / version
+    if local_image:
+        release = Release(
+            version,
+            registry,
+            image_repository(registry),
+            push_local(local_image, local_archive, registry, version, revision, plain),
+        )
+    else:
+        from localcluster.multiarch import push_release_image
+
+        pushed = push_release_image(
+            image_repository(registry), version, plain, out_charts / "image",
+            source=source, python_image=python_image, revision=revision,
+        )  # fmt: skip
+        public_key = out_charts / "cosign.pub"  # to publish with the release: users verify with it
+        shutil.copyfile(pushed.public_key, public_key)
+        release = Release(
+            version, registry, image_repository(registry), pushed.digest,
+            platforms=pushed.platforms, sboms=pushed.sboms, archives=pushed.archives, public_key=str(public_key),
+        )  # fmt: skip
+    say(f"image {image_repository(registry)}:{version} is {release.digest}")
     for chart in CHARTS:
-        package = package_chart(source / chart, version, release.image, digest, out_charts)
+        package = package_chart(source / chart, version, release.image, release.digest, out_charts)
         chart_ref, chart_digest = push_chart(package, registry, plain)
         name = chart_ref.rsplit("/", 1)[1]
         release.charts[name] = ChartRelease(name, chart_ref, version, chart_digest, str(package))
@@ -362,6 +376,20 @@ def publish(
     record.write_text(json.dumps(asdict(release), indent=2) + "\n")
     say(f"recorded in {record}")
     return release
+
+
+def push_local(
+    local_image: str, archive: Path | None, registry: str, version: str, revision: str | None, plain: bool
+) -> str:
+    """``--image``: one local image, labelled with the version, pushed as it is: its digest."""
+    ref = labelled(in_storage(local_image, archive), version, revision)
+    try:
+        return push_image(ref, registry, [version], plain)
+    finally:
+        # The labelled copy was only for the push (its layers are the built image's).
+        from localcluster.image import buildah
+
+        buildah("rmi", ref, check=False)
 
 
 def push_image_tags(
@@ -417,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         revision=args.revision,
     )
     print(f"image {release.image_ref}")
+    for platform, digest in release.platforms.items():
+        print(f"  {platform} {digest}")
+    if release.public_key:
+        print(f"verify: cosign verify --key {release.public_key} --insecure-ignore-tlog {release.image_ref}")
     for c in release.charts.values():
         print(f"chart {c.ref}:{c.version}@{c.digest}")
     print("install:")

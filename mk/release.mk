@@ -9,6 +9,9 @@
 # VERSION must be what pyproject.toml and both Chart.yaml say (version, appVersion).
 # A loopback REGISTRY is plain HTTP (PLAIN_HTTP=false to refuse that); credentials, where the
 # registry wants them: RELEASE_REGISTRY_USER and RELEASE_REGISTRY_PASSWORD in the environment.
+# The image is linux/amd64 (make image's, the one make test ran) and linux/arm64, signed and its
+# SBOMs attested with cosign, both verified back: COSIGN_KEY, COSIGN_PASSWORD and
+# COSIGN_PUBLIC_KEY name your key; without them a local key pair is made in build/release-keys/.
 
 VERSION ?=
 REGISTRY ?=
@@ -25,6 +28,7 @@ REGISTRY_PORT ?= 5000
 release: venv chart-tools ## Build the image, package both charts with its digest, push all three: make release VERSION=x.y.z REGISTRY=host[:port][/path]
 	@if [ -z "$(VERSION)" ] || [ -z "$(REGISTRY)" ]; then \
 	  echo "usage: make release VERSION=x.y.z REGISTRY=host[:port][/path]" >&2; exit 2; fi
+	tools/provision.sh cosign
 	$(PY) -m localcluster.publish --version "$(VERSION)" --registry "$(REGISTRY)" --base "$(IMAGE_BASE)" \
 	  $(if $(PLAIN_HTTP),--plain-http "$(PLAIN_HTTP)")
 

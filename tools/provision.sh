@@ -5,13 +5,16 @@
 # A folder is complete only when its .done stamp exists, so an interrupted
 # build is redone, and a fresh clone reuses what an earlier clone built.
 #
-# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|prometheus|dashboard-check|node|nvidia|nvidia-ctk|registry|unit|all]...
+# Usage: tools/provision.sh [k8s|etcd|kwok|helm|ct|argocd|cert-manager|kube-score|monitoring|promtool|prometheus|dashboard-check|node|nvidia|nvidia-ctk|registry|cosign|release|host|unit|all]...
 #   (default: all)
 #   node: the real kubelet node (Debian packages, kubelet, kube-proxy, containerd, pause image)
 #   nvidia: NVIDIA's DRA kubelet plugin and container toolkit (cgo; docs/nvidia-stack.md)
 #   nvidia-ctk: the container toolkit alone
 #   registry: the CNCF distribution registry (releases pushed and pulled in the tests)
 #   monitoring: promtool, prometheus (the server, for tests/node/test_monitoring_live.py) and dashboard-check
+#   cosign: sigstore's cosign (make release signs and attests the image, then verifies both)
+#   release: what `make release` and its test need beyond the node: registry and cosign
+#   host: only the Debian packages (buildah, mmdebstrap, skopeo, qemu-user-static, ...)
 #   unit: what the unit tests run (make test-unit): helm, ct, kube-score, the container toolkit,
 #     promtool and dashboard-check (monitoring without the server)
 # Prints nothing but progress on stderr; `tools/provision.sh --print-bin-dirs`
@@ -52,13 +55,14 @@ nvidia_ctk_dir="$CACHE/nvidia-container-toolkit-$NVIDIA_CONTAINER_TOOLKIT_VERSIO
 # Ours (tools/dra-prepare/main.go), keyed by its source and the plugin it talks to.
 # The OCI registry the release tests push to (tools/registry/main.go over the pinned module).
 registry_dir="$CACHE/registry-$REGISTRY_VERSION-$(sha256sum "$here/registry/main.go" | cut -c1-8)"
+cosign_dir="$CACHE/cosign-$COSIGN_VERSION"
 dra_prepare_dir="$CACHE/dra-prepare-$(sha256sum "$here/dra-prepare/main.go" | cut -c1-12)-$DRA_DRIVER_NVIDIA_GPU_VERSION"
 
 print_bin_dirs() {
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$ct_dir/bin" \
     "$argocd_dir/bin" "$cm_dir/bin" "$kube_score_dir/bin" "$promtool_dir/bin" "$prometheus_dir/bin" "$dashcheck_dir/bin" "$node_dir/bin" "$containerd_dir/bin" \
     "$coredns_dir/bin" "$nvidia_dra_dir/bin" "$nvidia_ctk_dir/bin" "$dra_prepare_dir/bin" \
-    "$registry_dir/bin"
+    "$registry_dir/bin" "$cosign_dir/bin"
 }
 
 # One build per folder at a time: a second provision.sh (another make test, a CI
@@ -326,8 +330,10 @@ build_cert_manager() {
 # ---------------------------------------------------------------- the real node
 # Debian packages the real kubelet node and `make image` need: runc and the CNI
 # plugins run pods, nftables is kube-proxy's backend, conntrack its cleanup,
-# buildah and mmdebstrap build images without Docker. Installed only when missing.
-HOST_PACKAGES=(runc containernetworking-plugins nftables conntrack iptables buildah mmdebstrap uidmap)
+# buildah and mmdebstrap build images without Docker; skopeo pushes the release's
+# multi-architecture image as built, qemu-user-static runs its arm64 Python once in a test (and
+# byte-compiles the arm64 base's standard library). Installed only when missing.
+HOST_PACKAGES=(runc containernetworking-plugins nftables conntrack iptables buildah mmdebstrap uidmap skopeo qemu-user-static)
 
 ensure_host_packages() {
   local missing=() p
@@ -579,6 +585,18 @@ build_registry() {
   touch "$registry_dir/.done"
 }
 
+# cosign: signs the released image index and attests its SBOMs with a key (`make release`,
+# localcluster/sign.py), and verifies both back from the registry.
+build_cosign() {
+  [ -f "$cosign_dir/.done" ] && return
+  check_go
+  log "building cosign $COSIGN_VERSION (cold: several minutes)"
+  go_build_pinned "$cosign_dir" github.com/sigstore/cosign/v3 "$COSIGN_VERSION" \
+    github.com/sigstore/cosign/v3/cmd/cosign "-X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION"
+  "$cosign_dir/bin/cosign" version >&2
+  touch "$cosign_dir/.done"
+}
+
 # `all` in two lanes side by side: a cold build spends much of its time fetching modules and
 # linking, one core each, and the other lane's compiles fill that time. Lane one holds every
 # build from the Kubernetes wrapper module (one source folder: k8s_wrapper) and those that reuse
@@ -591,6 +609,7 @@ lane_k8s() {
 lane_rest() {
   build_kwok; build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
   build_monitoring; build_nvidia; with_lock "$registry_dir" build_registry
+  with_lock "$cosign_dir" build_cosign
 }
 build_all() {
   local a b ra=0 rb=0
@@ -621,6 +640,9 @@ for t in "${targets[@]}"; do
     nvidia) build_nvidia ;;
     nvidia-ctk) with_lock "$nvidia_ctk_dir" build_nvidia_ctk ;;
     registry) with_lock "$registry_dir" build_registry ;;
+    cosign) with_lock "$cosign_dir" build_cosign ;;
+    host) ensure_host_packages ;;
+    release) with_lock "$registry_dir" build_registry; with_lock "$cosign_dir" build_cosign ;;
     unit) build_helm; build_ct; with_lock "$kube_score_dir" build_kube_score
           with_lock "$nvidia_ctk_dir" build_nvidia_ctk
           with_lock "$promtool_dir" build_promtool; with_lock "$dashcheck_dir" build_dashcheck ;;

@@ -4,7 +4,9 @@
   loopback port, for the whole package; the real node's containerd is told about it
   (``RealNode.trust_registry``: a hosts.toml, as on any containerd node).
 - ``current_release``: this tree released as its version (``make release``'s code,
-  localcluster/publish.py), with the image ``make image`` built (``product_image``).
+  localcluster/publish.py): the image ``make image`` built (``product_image``) as linux/amd64
+  and its arm64 build under one index, signed, with SBOMs attested (the local key of
+  build/release-keys/).
 - ``previous_release``: the previous release, PREVIOUS_RELEASE's tree (from git), its image
   built from its own Dockerfile and both its charts pushed the same way, as version N-1. Its
   image is kept in buildah's storage (``localhost/gpu-scheduler:release-<commit>``), so only
@@ -77,13 +79,9 @@ def current_release(
 ) -> Release:
     version = tree_versions(REPO)["pyproject.toml"]
     assert version
-    return publish(
-        version,
-        registry.host,
-        local_image=product_image.ref,
-        local_archive=product_image.archive,
-        out=tmp_path_factory.mktemp("release"),
-    )
+    # As `make release`: this tree's archives (amd64: product_image's, arm64: built or reused),
+    # pushed as one index, signed and attested, verified back.
+    return publish(version, registry.host, out=tmp_path_factory.mktemp("release"))
 
 
 @pytest.fixture(scope="package")

@@ -1,17 +1,22 @@
 """Installed from a registry, as a user does: ``helm install oci://.../gpu-scheduler --version X``.
 
 The release (this tree, ``make release``'s code) is pushed to a real OCI registry started here
-(fixtures_release.py); both charts are installed from it on the local control plane, and the
-real node's kubelet pulls the image by digest from that registry: nothing is side-loaded on
-this path (the image the tests built is in containerd under another name; the release's image
-carries its version label, so its digest is its own). Then the same chart as a subchart of an
-umbrella chart, on a cluster where no node is a control-plane node (a managed cluster).
+(fixtures_release.py): a two-platform image index whose linux/amd64 image is the very one the
+suite ran (``make image``'s archive, by digest), signed, with an SPDX SBOM per platform attested,
+which cosign verifies with the release's public key and rejects with another; the arm64 image's
+Python is started once under qemu-user. Both charts are installed from the registry on the local
+control plane, and the real node's kubelet pulls the image by the index's digest from that
+registry: nothing is side-loaded on this path (the image the tests built is in containerd under
+another name). Then the same chart as a subchart of an umbrella chart, on a cluster where no
+node is a control-plane node (a managed cluster).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,12 +25,15 @@ from typing import Any
 import pytest
 import yaml
 
+from localcluster import cosign, ocilayout
 from localcluster.cluster import Cluster
 from localcluster.image import Image
+from localcluster.multiarch import SBOM_TYPE
 from localcluster.node import NODE_NAME
 from localcluster.publish import Release
 from localcluster.registry import Registry
 from localcluster.release import CHECK_CHART, REAL_NODE_PLACEMENT, SCHEDULER_CHART, release_status
+from localcluster.sbom import normalize
 from localcluster.webhook_host import make_certs
 from tests.node.conftest import RELEASE, SYSTEM_NS, Product
 from tests.support.waiting import wait_for
@@ -69,6 +77,109 @@ def vacated(
             install_chart(node_cluster, RELEASE, SYSTEM_NS, product.values())
             product.rollout()
             product.wait_serving()
+
+
+def containerd_digest(cluster: Cluster, ref: str) -> str:
+    """The manifest digest containerd holds for ``ref`` on the real node (``ctr images ls``)."""
+    assert cluster.node is not None
+    rows = [line.split() for line in cluster.node.ctr("images", "ls").stdout.splitlines()[1:]]
+    (digest,) = [row[2] for row in rows if row and row[0] == ref]
+    return digest
+
+
+def test_the_release_is_a_two_platform_index_whose_amd64_image_is_the_one_the_suite_ran(
+    node_cluster: Cluster, registry: Registry, current_release: Release, product_image: Image
+) -> None:
+    release = current_release
+    status, headers, body = registry.get(f"/v2/gpu-scheduler/manifests/{release.version}")
+    assert status == 200 and headers["Docker-Content-Digest"] == release.digest
+    index = json.loads(body)
+    assert index["mediaType"] == ocilayout.INDEX_MEDIA_TYPE
+    platforms = {
+        f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]
+    }
+    assert platforms == release.platforms and set(platforms) == {"linux/amd64", "linux/arm64"}
+    assert index["annotations"]["org.opencontainers.image.version"] == release.version
+    # linux/amd64 is make image's archive, the image the real node's containerd imported and the
+    # suite's pods ran, digest for digest; the registry serves each platform's manifest by it.
+    assert release.archives["linux/amd64"] == str(product_image.archive)
+    ran = containerd_digest(node_cluster, product_image.ref)
+    assert platforms["linux/amd64"] == ran == ocilayout.archive_manifest(product_image.archive)["digest"]
+    for platform, digest in platforms.items():
+        assert registry.manifest_digest("gpu-scheduler", digest) == digest, platform
+        config_digest = json.loads(registry.get(f"/v2/gpu-scheduler/manifests/{digest}")[2])["config"][
+            "digest"
+        ]
+        config = json.loads(registry.get(f"/v2/gpu-scheduler/blobs/{config_digest}", accept="*/*")[2])
+        assert f"{config['os']}/{config['architecture']}" == platform
+        assert config["config"]["User"] == "65532:65532"
+        assert config["config"]["Labels"]["org.opencontainers.image.version"] == release.version
+
+
+def test_cosign_verifies_the_signature_and_each_sbom_with_the_release_key_and_not_with_another(
+    registry: Registry, current_release: Release, tmp_path: Path
+) -> None:
+    release = current_release
+    public = Path(release.public_key)
+    signed = cosign.verify(release.image_ref, public, plain_http=True)
+    assert [p["critical"]["image"]["docker-manifest-digest"] for p in signed] == [release.digest]
+    for platform, digest in release.platforms.items():
+        arch = platform.split("/")[1]
+        (statement,) = cosign.verify_attestation(
+            f"{release.image}@{digest}", public, SBOM_TYPE, plain_http=True
+        )
+        assert [s["digest"]["sha256"] for s in statement["subject"]] == [digest.removeprefix("sha256:")]
+        assert statement["predicateType"] == "https://spdx.dev/Document"
+        packages = {normalize(p["name"]): p for p in statement["predicate"]["packages"]}
+        assert packages["kube-gpu-scheduler"]["versionInfo"] == release.version, platform
+        assert "kubernetes" in packages and "flask" in packages
+        # dpkg's database of each base: the interpreter's package, for this platform.
+        purls = {p["externalRefs"][0]["referenceLocator"] for p in statement["predicate"]["packages"][1:]}
+        pythons = [u for u in purls if u.startswith("pkg:deb/debian/libpython3.11-minimal@")]
+        assert len(pythons) == 1 and pythons[0].endswith(f"?arch={arch}"), (platform, sorted(purls))
+    other = cosign.generate_key(tmp_path / "other", "another key")
+    with pytest.raises(RuntimeError, match="accepted signatures do not match threshold"):
+        cosign.verify(release.image_ref, other.public, plain_http=True)
+    with pytest.raises(RuntimeError, match="accepted signatures do not match threshold"):
+        cosign.verify_attestation(
+            f"{release.image}@{release.platforms['linux/arm64']}", other.public, SBOM_TYPE, plain_http=True
+        )
+
+
+def elf_machine(path: Path) -> int:
+    """e_machine of an ELF file (62: x86-64, 183: AArch64)."""
+    head = path.read_bytes()[:20]
+    assert head[:4] == b"\x7fELF", path
+    return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def test_the_arm64_images_python_starts_under_qemu_user(current_release: Release, tmp_path: Path) -> None:
+    """The arm64 image as pushed (its archive's manifest is the index's arm64 entry), unpacked, and
+    its venv's Python started by qemu-user: the programs' imports, compiled extensions included."""
+    archive = Path(current_release.archives["linux/arm64"])
+    assert ocilayout.archive_manifest(archive)["digest"] == current_release.platforms["linux/arm64"]
+    root = ocilayout.unpack_rootfs(archive, tmp_path / "rootfs")
+    python = root / "opt" / "venv" / "bin" / "python"
+    assert elf_machine(python.resolve()) == 183
+    qemu = shutil.which("qemu-aarch64-static")
+    assert qemu, "qemu-aarch64-static is missing: tools/provision.sh host (Debian package qemu-user-static)"
+    code = (
+        "import platform, sys; import gevent, orjson, yaml, cryptography.hazmat.bindings._rust, kubernetes, flask; "
+        "from kube_gpu_scheduler.scheduler.main import main; print(platform.machine(), sys.prefix); "
+        "sys.argv = ['gpu-scheduler', '--help']; main()"
+    )
+    res = subprocess.run(
+        [qemu, "-L", str(root), str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=240,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    machine, prefix = res.stdout.splitlines()[0].split()
+    assert machine == "aarch64" and prefix.endswith("/opt/venv"), out[-3000:]
+    assert "usage: gpu-scheduler" in res.stdout, out[-3000:]
 
 
 def release_pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:

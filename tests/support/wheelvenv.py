@@ -254,7 +254,8 @@ def _move_paths(root: Path, command: str) -> str:
     )
     others = [
         p
-        for p in re.findall(r"(?<![\w./-])/[\w./-]+", command)
+        # (not a path under a variable: "${site}/bin")
+        for p in re.findall(r"(?<![\w./}-])/[\w./-]+", command)
         if not any(p == s or p.startswith(s + "/") for s in STAGE_PATHS)
     ]
     assert not others, (
@@ -280,6 +281,9 @@ def install_image(work: Path, dockerfile: Path = DOCKERFILE) -> WheelVenv:
                 assert sep, f"ENV {ins.args}: only NAME=VALUE pairs are understood here"
                 if name != "PIP_NO_CACHE_DIR":  # pip's download cache stays on, for speed
                     env[name] = value
+        elif ins.keyword == "ARG":
+            # TARGETARCH, BUILDARCH: unset here, as in a plain `docker build`: the native install.
+            continue
         elif ins.keyword == "WORKDIR":
             cwd = _stage_path(work, ins.args)
             cwd.mkdir(parents=True, exist_ok=True)

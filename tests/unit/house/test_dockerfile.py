@@ -36,14 +36,39 @@ def test_hadolint_passes() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_base_image_is_pinned_and_multi_stage() -> None:
+def test_base_image_is_pinned_by_digest_and_multi_stage() -> None:
+    """The default base is a tag pinned to its multi-platform index's digest (a rebuilt tag
+    changes nothing); the build stage runs on the build machine's platform, on the same base
+    unless BUILD_PYTHON_IMAGE names another (the cross build's local bases)."""
     text = DOCKERFILE.read_text()
     (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base), base
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base), base
+    assert re.findall(r"^ARG BUILD_PYTHON_IMAGE=(\S+)$", text, re.M) == ["${PYTHON_IMAGE}"]
     froms = re.findall(r"^FROM\s+(.+)$", text, re.M)
-    assert len(froms) == 2 and all("${PYTHON_IMAGE}" in f for f in froms)
+    assert froms == ["--platform=$BUILDPLATFORM ${BUILD_PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"]
     assert "pip wheel" in text and "[nvml]" in text
     assert "COPY --from=build" in text
+
+
+def test_the_runtime_stage_runs_nothing() -> None:
+    """No RUN in the runtime stage: a cross-built image needs no emulation of its platform."""
+    text = DOCKERFILE.read_text()
+    final = text[text.rindex("\nFROM ") :]
+    assert not re.findall(r"^RUN\s", final, re.M)
+
+
+def test_a_cross_build_installs_the_targets_wheels_hash_checked() -> None:
+    runs = [i.args for i in build_stage(DOCKERFILE) if i.keyword == "RUN"]
+    (lock,) = [c for c in runs if "-r requirements/runtime.txt" in c]
+    assert '"${TARGETARCH}" != "${BUILDARCH:-$TARGETARCH}"' in lock
+    for flag in (
+        "--platform manylinux2014_$m",
+        "--platform manylinux_2_${v}_$m",
+        "--abi cp$py",
+        "--target $site",
+    ):
+        assert flag in lock, flag
+    assert lock.count("pip install") == 1 and "--require-hashes" in lock
 
 
 def test_build_stage_installs_the_hashed_lock_then_the_wheel_with_no_index() -> None:
