@@ -974,7 +974,10 @@ def test_the_largest_malformed_map_is_refused_by_the_policy(apiserver: Apiserver
         (text + "9=x:1,\n", f"line {lines + 1}: empty GPU index"),
         # Past 32 KiB only a problem of shape is named (each messageExpression costs a second
         # evaluation on every request); the others get the policy's message.
-        (text + "7=node1:5000\n", "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU[,GPU...] entries"),
+        (
+            text + "7=node1:5000\n",
+            "gpu-scheduling-map is malformed (ORDINAL=NODE:GPU[,GPU...] or ORDINAL=NODE:auto(N) entries",
+        ),
     ]
     for broken, problem in cases:  # one at a time (see above)
         for obj in (pod(broken, "0"), statefulset(broken)):
