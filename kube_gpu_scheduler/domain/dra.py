@@ -245,13 +245,20 @@ def claim_body(
             DEVICES_ANNOTATION: ", ".join(f"{entry.node}/{d.describe()}" for d in devices),
         },
     }
+    return claim_object(meta, {"requests": requests}, owner)
+
+
+def claim_object(
+    meta: dict[str, Any], devices: Mapping[str, Any], owner: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A ResourceClaim of ``meta`` (its owner added, when there is one) asking for ``devices``."""
     if owner:
         meta["ownerReferences"] = [dict(owner)]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": meta,
-        "spec": {"devices": {"requests": requests}},
+        "spec": {"devices": dict(devices)},
     }
 
 

@@ -130,14 +130,7 @@ def claim_body(
             + (f" within one {words(attribute)}" if attribute else ""),
         },
     }
-    if owner:
-        meta["ownerReferences"] = [dict(owner)]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": meta,
-        "spec": {"devices": devices_spec},
-    }
+    return dra.claim_object(meta, devices_spec, owner)
 
 
 def unfit(
