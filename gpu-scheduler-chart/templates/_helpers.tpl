@@ -789,3 +789,8 @@ lines without their comments). Each is computed only for a map that shares (name
     (size(variables.sharingMessageWhy) > 300 ? variables.sharingMessageWhy.substring(0, 299) + '…' : variables.sharingMessageWhy) +
     " (in '" + {{ include "gpu-scheduler.celExcerpt" (include "gpu-scheduler.celCanon" "variables.sharingMessageHits[variables.sharingMessageAt][1]") }} + "')"
 {{- end }}
+
+{{/* DRA mode: the ConfigMap the scheduler publishes each node's GPU topology to (topology-policy.yaml). */}}
+{{- define "gpu-scheduler.topologyName" -}}
+{{- printf "%s-topology" (include "gpu-scheduler.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -194,3 +194,13 @@ def spans(entry: Entry, devices: Sequence[dra.Device]) -> str:
         listed = ", ".join(f"{g} ({', '.join(d.name for d in ds)})" for g, ds in sorted(by.items()))
         return f"spans {what}s {listed}"
     return ""
+
+
+def topology_value(devices: Sequence[dra.Device]) -> str:
+    """A node's GPUs as the admission warning reads them (the DRA scheduler's ConfigMap
+    ``<fullname>-topology``, one key per node): ``ROOT/NUMA/NAME`` per GPU, comma-separated, in
+    index order (PCI bus ID order, :func:`kube_gpu_scheduler.domain.dra.node_devices`), an
+    attribute the GPU does not publish left empty; "" when no GPU publishes either."""
+    if not any(d.pcie_root or d.numa_node for d in devices):
+        return ""
+    return ",".join(f"{d.pcie_root}/{d.numa_node}/{d.name}" for d in devices)

@@ -26,6 +26,7 @@ from kube_gpu_scheduler.kube.informer import Informer, Obj
 from kube_gpu_scheduler.kube.tls import server_context
 from kube_gpu_scheduler.scheduler.dra.controller import CACHES, ClaimController
 from kube_gpu_scheduler.scheduler.dra.metrics import ClaimMetrics
+from kube_gpu_scheduler.scheduler.dra.topology import Notifying, TopologyPublisher
 from kube_gpu_scheduler.scheduler.dra.writer import ClaimWriter
 from kube_gpu_scheduler.scheduler.placing.core import Scheduler
 from kube_gpu_scheduler.scheduler.placing.extender import Extender
@@ -99,8 +100,10 @@ def build(settings: settings_mod.Settings, api_client: Any) -> Scheduler:
         )
         lease = elector
         metrics.track_leader(lambda: lease.health().last_renewal_age_s, lambda: lease.health().renewing)
-    claims = build_claims(settings, api_client, sched) if settings.dra else None
+    claims, topology = build_claims(settings, api_client, sched) if settings.dra else (None, None)
     sched.attach(pods, assigned, nodes, elector, claims)
+    if topology is not None:
+        sched.controllers.append(topology)
     scope = settings.injection_scope() if settings.require_injection else None
     if settings.tenancy or scope is not None:
         build_tenancy(settings, api_client, sched, scope)
@@ -177,10 +180,14 @@ def build_tenancy(
     sched.attach_tenancy(counts, scope, controller)
 
 
-def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Scheduler) -> ClaimController:
+def build_claims(
+    settings: settings_mod.Settings, api_client: Any, sched: Scheduler
+) -> tuple[ClaimController, TopologyPublisher | None]:
     """DRA mode's claim controller: the scheduler's events, pod writer (evictions), leadership and
     metrics registry, a claim writer and five informers (whose handlers are the controller's:
-    DRA replicas, ResourceClaims, ResourceSlices, StatefulSets, DeviceTaintRules) on the same client."""
+    DRA replicas, ResourceClaims, ResourceSlices, StatefulSets, DeviceTaintRules) on the same client;
+    with ``GPU_SCHEDULER_DRA_TOPOLOGY``, the publisher of the slices' topology for admission, told
+    of each slice change by the slices informer."""
     claims = ClaimController(
         sched.events,
         ClaimWriter(api_client, field_manager=settings.scheduler_name),
@@ -205,13 +212,25 @@ def build_claims(settings: settings_mod.Settings, api_client: Any, sched: Schedu
         (apps.list_stateful_set_for_all_namespaces, {}),
         (resource.list_device_taint_rule, {}),
     )
+    handlers: list[Any] = list(claims.handlers())
+    topology = None
+    configmap = settings.topology_configmap()
+    if configmap is not None:
+        topology = TopologyPublisher(
+            configmap,
+            lambda: claims.slices.items(),  # noqa: PLW0108 (attach() sets the cache below)
+            ClaimWriter(api_client, field_manager=settings.scheduler_name).publish_topology,
+            sched.is_leader,
+            settings.dra_driver,
+        )
+        handlers[2] = Notifying(handlers[2], topology.changed)
     claims.attach(
         *(
             Informer(name, list_fn, on, on_relist=sched.relisted, **kwargs)
-            for name, (list_fn, kwargs), on in zip(CACHES, lists, claims.handlers(), strict=True)
+            for name, (list_fn, kwargs), on in zip(CACHES, lists, handlers, strict=True)
         )
     )
-    return claims
+    return claims, topology
 
 
 def main(argv: Sequence[str] | None = None) -> int:

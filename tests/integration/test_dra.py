@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -67,6 +67,10 @@ class Dra:
     start: Callable[[], ManagedProcess]
     procs: list[ManagedProcess]
     scheduler_kubeconfig: Any = None
+    # The chart's map-topology policy and binding (not applied here) and (namespace, name) of the
+    # ConfigMap the scheduler publishes the nodes' topology to, which the binding names.
+    topology: list[dict[str, Any]] = field(default_factory=list)
+    topology_configmap: tuple[str, str] = ("", "")
 
     def start_scheduler(self) -> None:
         self.procs.append(self.start())
@@ -213,6 +217,13 @@ def dra_env(cluster: Cluster, namespace: str, tmp_path: Any) -> Iterator[Dra]:
         if d["kind"].startswith("ValidatingAdmissionPolicy") and d["metadata"]["name"].endswith("-pods")
     ]
     assert len(policies) == 4, [(d["kind"], d["metadata"]["name"]) for d in policies]
+    topology = [
+        d
+        for d in guard
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+        and d["metadata"]["name"].endswith("-map-topology")
+    ]
+    ref = next(d for d in topology if d["kind"].endswith("Binding"))["spec"]["paramRef"]
     cluster.apply(policies)
     with chart_identity(cluster, namespace, "scheduler", f"gs-{namespace}", values) as ident:
         procs: list[ManagedProcess] = []
@@ -226,11 +237,22 @@ def dra_env(cluster: Cluster, namespace: str, tmp_path: Any) -> Iterator[Dra]:
                     "GPU_SCHEDULER_NAME": name,
                     "GPU_SCHEDULER_LOG_LEVEL": "DEBUG",
                     "GPU_SCHEDULER_DRA": "true",
+                    "GPU_SCHEDULER_DRA_TOPOLOGY": f"{ref['namespace']}/{ref['name']}",
                 },
                 log_path=tmp_path / f"scheduler-{len(procs)}.log",
             )
 
-        env = Dra(cluster, namespace, name, nodes, start, procs, ident.kubeconfig)
+        env = Dra(
+            cluster,
+            namespace,
+            name,
+            nodes,
+            start,
+            procs,
+            ident.kubeconfig,
+            topology,
+            (ref["namespace"], ref["name"]),
+        )
         env.start_scheduler()
         try:
             # The apiserver loads a new policy within about a second: probe with a dry run.

@@ -255,6 +255,7 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     found = json.loads(res.stdout)["inputs"][0]["maps"][0]["warnings"]
     topo = [w for w in found if w["reason"] == "GPUsSpanTopology"]
     assert len(topo) == 1 and f"entry '0={a}:1,5' {spans}" in topo[0]["message"], found
+    admission_warns_of_spanning_entries(env, spread, spans)
     env.cluster.apply(spread)
     for i in range(2):
         wait_for(lambda i=i: env.placed(f"t-{i}"), 90, what=f"t-{i} placed on its named GPUs")
@@ -267,3 +268,59 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     table = mapcli(env, "status").stdout
     assert "SPANS TOPOLOGY" in table and f"{env.namespace}/t-0" in table.split("SPANS TOPOLOGY")[1], table
     no_device_twice(env)
+
+
+def admission_warns_of_spanning_entries(env: Dra, spread: dict[str, Any], spans: str) -> None:
+    """The admission warning: the leader publishes each node's GPUs' topology into the ConfigMap
+    the chart's map-topology binding names, and the policy warns of a named entry that spans
+    roots (in validate's words, on its line) and of nothing else."""
+    a, b = env.nodes["a"], env.nodes["b"]
+    namespace, name = env.topology_configmap
+
+    def published() -> dict[str, str] | None:
+        data = ((env.cluster.get_json("configmap", name, "-n", namespace) or {}).get("data")) or {}
+        return data if a in data and b in data else None
+
+    data = wait_for(published, 30, what="the topology ConfigMap")
+    devices_a, devices_b = env.devices("a"), env.devices("b")
+    assert data[a].split(",") == [f"{d.pcie_root}/{d.numa_node}/{d.name}" for d in devices_a], data
+    assert data[a].split(",")[0] == f"pci0000:00/0/{devices_a[0].name}", data
+    assert data[a].split(",")[7] == f"pci0000:80/1/{devices_a[7].name}", data
+    # Node b publishes NUMA nodes only.
+    assert data[b].split(",") == [f"/{d.numa_node}/{d.name}" for d in devices_b], data
+    assert [v.split("/")[1] for v in data[b].split(",")] == ["0"] * 4 + ["1"] * 4, data
+    # The chart's release lives in this test's namespace (the scheduler's RBAC is that release's),
+    # and a release's bindings skip their own namespace: select it for this test.
+    docs = [dict(d) for d in env.topology]
+    for d in docs:
+        if d["kind"].endswith("Binding"):
+            d["spec"] = {
+                **d["spec"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.namespace}}
+                },
+            }
+    env.cluster.apply(docs)
+    try:
+        # Entry 0 spans the roots; entry 1 does not. A StatefulSet whose entries stay within a
+        # root gets no warning.
+        within = env.statefulset("r", f"0={a}:1,2\n1={a}:5,6", 2)
+
+        def warnings(obj: dict[str, Any]) -> str:
+            out = env.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj))
+            return out.stderr
+
+        def warned() -> str | None:
+            text = warnings(spread)
+            return text if "spans PCIe roots" in text else None
+
+        # The apiserver loads a new policy within about a second.
+        text = wait_for(warned, 30, what="the topology warning")
+        assert f"line 1: entry '0={a}:1,5' {spans}: " in text and "line 2" not in text, text
+        assert "ask for a count (NODE:auto(N), DRA mode)" in text, text
+        assert "spans" not in warnings(within)
+    finally:
+        for d in docs:
+            env.cluster.kubectl(
+                "delete", d["kind"].lower(), d["metadata"]["name"], "--ignore-not-found", check=False
+            )

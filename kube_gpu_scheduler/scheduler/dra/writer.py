@@ -111,3 +111,23 @@ class ClaimWriter:
             (ApiError.CONFLICT, ApiError.NOT_FOUND),
             managed=False,
         )
+
+    def publish_topology(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Server-side apply of the topology ConfigMap's ``data`` (this manager owns it all: a
+        node left out loses its key)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": dict(data),
+        }
+        path = f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+        send_json(
+            self._api,
+            "PATCH",
+            path,
+            body,
+            TIMEOUT,
+            query=[("fieldManager", self._field_manager), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )

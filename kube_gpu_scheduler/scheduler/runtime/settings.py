@@ -80,6 +80,9 @@ class Settings:
     dra: bool = False
     dra_driver: str = "gpu.nvidia.com"
     dra_device_class: str = "gpu.nvidia.com"
+    # "namespace/name" of the ConfigMap each node's GPU topology is published to, for the
+    # admission warning (kube_gpu_scheduler/scheduler/dra/topology.py; "": not published).
+    dra_topology: str = ""
     # standalone: this process binds pods from its own queue. extender: kube-scheduler
     # places them and calls this process's filter and bind (kube_gpu_scheduler/scheduler/placing/extender.py).
     mode: str = STANDALONE
@@ -112,6 +115,12 @@ class Settings:
         if not self.tenancy_grants:
             return None
         return config.split_namespaced(self.tenancy_grants)
+
+    def topology_configmap(self) -> tuple[str, str] | None:
+        """``dra_topology`` as (namespace, name), or None (also outside DRA mode)."""
+        if not self.dra or not self.dra_topology:
+            return None
+        return config.split_namespaced(self.dra_topology)
 
     def validate(self) -> Settings:
         problems = []
@@ -162,6 +171,8 @@ class Settings:
             problems.append(
                 f"GPU_SCHEDULER_TENANCY_GRANTS must be namespace/name, got {self.tenancy_grants!r}"
             )
+        if self.dra_topology and not config.is_namespaced(self.dra_topology):
+            problems.append(f"GPU_SCHEDULER_DRA_TOPOLOGY must be namespace/name, got {self.dra_topology!r}")
         if problems:
             raise SettingsError("; ".join(problems))
         return self
@@ -325,6 +336,15 @@ TABLE: tuple[Setting, ...] = (
         config.text,
         "DRA mode: the DeviceClass each claim's requests name",
         "--dra-device-class",
+    ),
+    Setting(
+        "dra_topology",
+        "GPU_SCHEDULER_DRA_TOPOLOGY",
+        config.text,
+        "DRA mode: `namespace/name` of the ConfigMap each node's GPU topology (PCIe root, NUMA node) "
+        "is published to, for the admission warning on a map entry that spans PCIe roots",
+        "--dra-topology",
+        "none (not published)",
     ),
     Setting(
         "mode",
