@@ -128,3 +128,33 @@ def test_notes_say_where_the_gpus_are_and_what_to_do_before_uninstalling(tmp_pat
     assert "allocated by default-scheduler" in notes
     assert 'docs/dra.md "Leftover claims"' in notes
     assert "DRA mode" not in render_notes(CHART, tmp_path / "plain", "injection.mode=policy", extra=SERVED)
+
+
+def test_the_topology_warning_is_a_policy_of_its_own_with_its_configmap_and_rbac() -> None:
+    """A binding whose parameter is missing evaluates nothing (the apiserver skips it), so the
+    topology warning has its own policy and the map-warnings policy keeps no parameter: before the
+    scheduler publishes the ConfigMap, only the topology warning is missing."""
+    docs = render(CHART, values={**DRA, "injection": {"mode": "policy"}}, extra=SERVED)
+    assert "paramKind" not in one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map-warnings")["spec"]
+    policy = one(docs, "ValidatingAdmissionPolicy", f"{FULL}-map-topology")
+    assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", f"{FULL}-map-topology")["spec"]
+    assert binding["validationActions"] == ["Warn"]
+    assert binding["paramRef"] == {
+        "name": f"{FULL}-topology",
+        "namespace": "gpu-ns",
+        "parameterNotFoundAction": "Allow",
+    }
+    assert env_of(docs)["GPU_SCHEDULER_DRA_TOPOLOGY"] == f"gpu-ns/{FULL}-topology"
+    role = one(docs, "Role", f"{FULL}-leader-election")
+    assert {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [f"{FULL}-topology"],
+        "verbs": ["create", "patch"],
+    } in role["rules"]
+    # Outside DRA mode: none of it.
+    plain = render(CHART, values={"injection": {"mode": "policy"}}, extra=SERVED)
+    assert not [d for d in plain if d["metadata"]["name"].endswith(("-map-topology", "-topology"))]
+    assert "GPU_SCHEDULER_DRA_TOPOLOGY" not in env_of(plain)
