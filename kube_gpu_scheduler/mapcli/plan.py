@@ -14,7 +14,7 @@ The StatefulSet's own running replicas are not counted as holders: a rollout rep
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from kube_gpu_scheduler.domain.gang import (
 from kube_gpu_scheduler.domain.holding import is_active
 from kube_gpu_scheduler.domain.objects import Meta, Pod
 from kube_gpu_scheduler.domain.podinfo import entry_for, map_text, pod_map
+from kube_gpu_scheduler.domain.resources import GPU_RESOURCE
 from kube_gpu_scheduler.domain.rules import MAP_CONFLICT, Decision, evaluate
 from kube_gpu_scheduler.domain.schedmap import GPU, Entry, MapError
 from kube_gpu_scheduler.domain.sharing import Sharing
@@ -193,11 +194,31 @@ def _wants(sts: Mapping[str, Any], ordinal: int) -> list[tuple[Where, str]]:
     return [((entry.node, gpu), f"{view.namespace}/{view.name}-{ordinal}") for gpu in entry.gpus]
 
 
+def dra_nodes(
+    nodes: Mapping[str, Mapping[str, Any]], slices: Sequence[Mapping[str, Any]]
+) -> dict[str, Mapping[str, Any]]:
+    """The nodes as DRA mode counts their GPUs: a node whose ResourceSlices publish the driver's
+    devices has that many (index i is its i-th device in PCI bus ID order, as the claims resolve
+    it), whatever its ``nvidia.com/gpu`` says (DRA nodes need not report one); a node that
+    publishes none keeps what it reports."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for name, node in nodes.items():
+        devices = node_devices(slices, name)
+        if not devices:
+            out[name] = node
+            continue
+        status = dict(node.get("status") or {})
+        status["allocatable"] = {**(status.get("allocatable") or {}), GPU_RESOURCE: str(len(devices))}
+        out[name] = {**node, "status": status}
+    return out
+
+
 def plan(
     planned: list[dict[str, Any]], cluster: Cluster, scheduler_name: str, dra: bool = False
 ) -> list[SetPlan]:
     held = cluster.holdings(scheduler_name)
     others = wanted(cluster, held, scheduler_name)
+    nodes = dra_nodes(cluster.nodes, cluster.slices) if dra else cluster.nodes
     out = []
     for given in planned:
         view = Meta(given)
@@ -217,7 +238,7 @@ def plan(
         result = SetPlan(view.namespace or "", view.name or "", is_gang(view.spec.get("template") or {}))
         for ordinal in replica_ordinals(sts):
             pod = replica_pod(sts, ordinal, uid=f"plan:{ordinal}")
-            decision = evaluate(pod, cluster.nodes, holders, False, room, dra)
+            decision = evaluate(pod, nodes, holders, False, room, dra)
             verdict = _verdict(ordinal, decision, mine)
             verdict.shares = _shares(pod, ordinal)
             if verdict.entry is not None and cluster.slices:

@@ -214,6 +214,15 @@ def test_count_entries_get_aligned_exclusive_sticky_gpus(dra_env: Dra) -> None: 
     ).stdout
     assert "gpu-scheduling-map: |" in fragment and "# NUMA node" in fragment, fragment
     planned = env.statefulset("u", res.stdout, 2)
+    # plan --dra accepts it: the GPUs counted from the node's slices (its nvidia.com/gpu is not
+    # what DRA mode gives out).
+    checked = mapcli(
+        env, "plan", "--dra", "--scheduler-name", env.scheduler_name, "-", stdin=yaml.safe_dump(planned)
+    )
+    assert checked.returncode == 0, (checked.stdout, checked.stderr)
+    assert "GPUIndexOutOfRange" not in checked.stdout and "NoGPUResource" not in checked.stdout, (
+        checked.stdout
+    )
     env.cluster.apply(planned)
     for i in range(2):
         wait_for(lambda i=i: env.placed(f"u-{i}"), 90, what=f"u-{i} placed on its suggested GPUs")
