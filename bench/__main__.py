@@ -105,7 +105,8 @@ def main() -> int:
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]
-    log(f"wrote {doc} and {doc.with_suffix('.png')}; results in {workdir / 'results.json'}")
+    written = doc if "startup" in scale.phases else f"{doc} and {doc.with_suffix('.png')}"
+    log(f"wrote {written}; results in {workdir / 'results.json'}")
     if wrong:
         for r in wrong:
             log(f"INCORRECT {r.arm} {r.plan} rep {r.rep}: {'; '.join(r.problems[:5])}")

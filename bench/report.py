@@ -226,7 +226,8 @@ def write_doc(results: Results, scale: Scale, doc: Path, png: Path) -> None:
 
 Written by `make bench` ({results.started}); do not edit by hand, run it again.
 How the harness works and what each ratio means: README, "Tests and benchmarks", and the
-docstrings of `bench/`.
+docstrings of `bench/`. At 5,000 nodes and 15,000 pods (`make bench BENCH_SCALE=huge`, by hand
+only): docs/benchmarks-huge.md.
 
 - Command: `{results.command}`
 - Scale: `BENCH_SCALE={scale.name}`; {scale.reps} repetition(s) ({scale.feature_reps} of the arms that price a feature: A, AO and G, T0 and T1), arms interleaved; creator {scale.create_threads} threads, raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.

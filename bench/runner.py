@@ -12,11 +12,17 @@ Order (each step on the same control plane, so the ratios compare like with like
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
    then what kube-apiserver spends per mapped pod create and per StatefulSet apply, with 1 and
    3 releases of the chart installed in policy mode (bench/apiserver.py);
-6. DRA mode against kube-scheduler on claims made beforehand (bench/dra.py: its own gpu-scheduler
-   in DRA mode, started for that phase only); tenancy on against off, arm A each (bench/tenancy.py:
-   a second gpu-scheduler with tenancy on, started for that phase only);
+6. DRA mode against kube-scheduler on claims made beforehand and against StatefulSets with a
+   ResourceClaimTemplate (bench/dra.py, bench/drakt.py: its own gpu-scheduler in DRA mode and a
+   kube-controller-manager with the StatefulSet and resourceclaim controllers, started for that
+   phase only); tenancy on against off, arm A each (bench/tenancy.py: a second gpu-scheduler with
+   tenancy on, started for that phase only);
 7. one more scheduler run of the largest plan under py-spy (the profile);
 8. the report (bench.report).
+
+A scale names its bind arms and the phases it runs after them (``Scale.arms``, ``Scale.phases``):
+the huge one (bench/huge.py) runs A, B2 and L on 5,000 nodes, then only the gpu-scheduler's
+memory and start-up, measured after A's first run while its pods are still there.
 
 The scales and the results record are bench/scales.py; memory, CPU time and the
 profile's summary are bench/measure.py; what the run shares with its phases (the control plane,
