@@ -356,7 +356,7 @@ def write_huge_doc(results: Results, scale: Scale, doc: Path) -> None:
         + "; ".join(f"{r.arm} {r.plan} rep {r.rep}: {r.problems[0]}" for r in wrong)
     )
     nodes = scale.groups[0][0]
-    text = f"""# Benchmarks at 5,000 nodes
+    text = f"""# Benchmarks at {nodes:,} nodes
 
 Written by `make bench BENCH_SCALE=huge` ({results.started}); do not edit by hand, run it again.
 What the arms are: [benchmarks.md](benchmarks.md); this scale: `bench/huge.py`.

@@ -121,7 +121,7 @@ class Bench(Harness):
         t0 = time.monotonic()
         # The node lifecycle controller lifts each new node's not-ready taint at its client's
         # 20 writes a second: 5,000 nodes take minutes.
-        timeout = max(600.0, 0.25 * count)
+        timeout = max(600.0, 0.5 * count)
         self.cluster.add_nodes([node_name(i) for i in range(count)], gpus=8, threads=8, timeout=timeout)
         log(f"{count} nodes Ready ({time.monotonic() - t0:.1f} s)")
 

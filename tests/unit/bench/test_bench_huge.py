@@ -147,7 +147,7 @@ def test_the_report_prints_each_number_against_its_target(
     doc = tmp_path / "benchmarks-huge.md"
     report(results, scale, doc)
     text = doc.read_text()
-    assert text.startswith("# Benchmarks at 5,000 nodes") and "## Ratios, memory and start-up" in text
+    assert text.startswith("# Benchmarks at 50 nodes") and "## Ratios, memory and start-up" in text
     assert "Leases 800 s" in text and "arms A, B2, L" in text and "Every run passed" in text
     # Only the huge scale's arms in the tables, and the ratios printed at the end.
     assert "| B2: kube-scheduler, client QPS 5000" in text and "| E: " not in text
