@@ -1,12 +1,14 @@
 """DRA mode measured: the gpu-scheduler's claim controller, the scheduling gate and kube-scheduler's
-allocation, against kube-scheduler allocating the same claims made beforehand.
+allocation, against kube-scheduler allocating the same claims made beforehand, and against the
+way a team without gpu-scheduler asks for GPUs (a StatefulSet with a ResourceClaimTemplate).
 
 The DRA phase of ``make bench`` (after the bind and create arms, on the same control plane):
 
 1. every kwok node publishes its 8 GPUs as NVIDIA's DRA driver would (localcluster/dra.py: the
    DeviceClass ``gpu.nvidia.com`` and one ResourceSlice per node);
 2. a second gpu-scheduler, in DRA mode (``GPU_SCHEDULER_DRA``, the chart's DRA RBAC, its own
-   namespace and Lease), starts; it runs only during this phase;
+   namespace and Lease), starts, and so does a kube-controller-manager running only the
+   StatefulSet and resourceclaim controllers (bench/drakt.py); both run only during this phase;
 3. per repetition, interleaved, on the DRA plan's pods (bare pods, as the injection policy makes
    a mapped replica in DRA mode: the label ``gpu-scheduler.io/dra``, the scheduling gate, the
    claim reference ``<pod>-gpus`` in the pod and in its container, ``CUDA_DEVICE_ORDER``, the
@@ -18,6 +20,9 @@ The DRA phase of ``make bench`` (after the bind and create arms, on the same con
    * ``K``: the same claims (the controller's own bodies, without its label, so no controller
      touches them) are created first, untimed; then the same pods without the gate and the
      label; kube-scheduler allocates and binds;
+   * ``KT``: a StatefulSet per workload whose pod template uses a ResourceClaimTemplate; the
+     controllers make the replicas and their claims, kube-scheduler allocates any free GPU and
+     binds (bench/drakt.py: its clock and its read-back);
 
 4. ``foreign`` other claims are made (allocated, through their status, to the GPUs of
    ResourceSlices of nodes that do not run pods here: the cluster's other workloads), and ``DF``
