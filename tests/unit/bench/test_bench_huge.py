@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import exact_command, scale_of
+from bench.__main__ import exact_command, main, scale_of
 from bench.arms import Run
 from bench.huge import after_placement, huge_ratios
 from bench.measure import rss_mib
@@ -77,7 +77,7 @@ def test_long_leases_come_with_as_long_a_node_grace_period() -> None:
 
 
 def test_after_placement_reads_the_memory_and_times_a_real_restart(tmp_path: Path) -> None:
-    sleeper = [sys.executable, "-c", "import time; b = bytearray(40 << 20); time.sleep(60)"]
+    sleeper = [sys.executable, "-c", "import time; b = b'x' * (40 << 20); time.sleep(60)"]
     old = ManagedProcess("old", sleeper, log_path=tmp_path / "old.log").start()
     new: list[ManagedProcess] = []
     try:
@@ -152,3 +152,34 @@ def test_the_report_prints_each_number_against_its_target(
     # Only the huge scale's arms in the tables, and the ratios printed at the end.
     assert "| B2: kube-scheduler, client QPS 5000" in text and "| E: " not in text
     assert "throughput A/B2" in capsys.readouterr().out
+
+
+def test_report_only_writes_a_huge_run_again_at_the_node_count_it_ran_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scale = huge(50)
+    plan = scale.plans[0]
+    results = Results(
+        "huge",
+        "cmd",
+        "2026-11-29 13:00 UTC",
+        {"nproc": 2, "cpu": "x", "memory_gib": 8, "kernel": "k", "python": "3", "load_start": "1 1 1"},
+    )
+    results.runs = [_run("A", plan, 100.0, 0.2, {"gpu-scheduler": 0.3}), _run("B2", plan, 50.0, 0.4, {})]
+    (tmp_path / "results.json").write_text(results.to_json())
+    doc = tmp_path / "again.md"
+    monkeypatch.setattr(sys, "argv", ["bench", "--report-only"])
+    for key, value in {
+        "BENCH_SCALE": "default",
+        "BENCH_WORKDIR": str(tmp_path),
+        "BENCH_DOC": str(doc),
+    }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("BENCH_HUGE_NODES", raising=False)
+    assert main() == 0
+    text = doc.read_text()
+    assert (
+        text.startswith("# Benchmarks at 50 nodes")
+        and "| throughput A/B2" in text
+        and "| 2.00 | >= 1.0 | met |" in text
+    )
