@@ -20,7 +20,7 @@ from bench.report import report
 from bench.scales import SCALES, Results, huge
 from bench.workload import Plan
 from kube_gpu_scheduler.domain.schedmap import parse
-from localcluster.components import node_monitor_flags
+from localcluster.components import controller_manager_client_flags, node_monitor_flags
 from localcluster.procs import ManagedProcess
 
 
@@ -74,6 +74,13 @@ def test_long_leases_come_with_as_long_a_node_grace_period() -> None:
     assert node_monitor_flags(40) == []  # the default: kube-controller-manager's own 50 s
     assert node_monitor_flags(SCALES["huge"].node_lease_s) == ["--node-monitor-grace-period=800s"]
     assert all(SCALES[name].node_lease_s == 40 for name in ("smoke", "default", "full"))
+    # kube-controller-manager's client: its defaults, but at the huge scale.
+    assert all(SCALES[name].kcm_qps == 0 for name in ("smoke", "default", "full"))
+    assert controller_manager_client_flags(0) == []
+    assert controller_manager_client_flags(SCALES["huge"].kcm_qps) == [
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+    ]
 
 
 def test_after_placement_reads_the_memory_and_times_a_real_restart(tmp_path: Path) -> None:
