@@ -3,9 +3,13 @@
 Environment:
 
 * ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; about 35 minutes on 2 cores),
-  ``full`` (adds 1,000 nodes, 500 and 3,000 pods) or ``smoke`` (10 nodes, 20 pods,
-  one repetition: what ``make test`` runs);
-* ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, the plot beside it);
+  ``full`` (adds 1,000 nodes, 500 and 3,000 pods), ``smoke`` (10 nodes, 20 pods,
+  one repetition: what ``make test`` runs) or ``huge`` (5,000 nodes, 15,000 pods, arms A, B2
+  and L, the gpu-scheduler's memory and start-up: bench/huge.py; by hand only);
+* ``BENCH_HUGE_NODES``: the huge scale's node count (default 5,000; three pods per node), e.g.
+  50 for a quick run of the same code path;
+* ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, docs/benchmarks-huge.md
+  at the huge scale; the plot beside it);
 * ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3, and 9 for the arms
   that price a feature, A, AO and G, T0 and T1; smoke 1; ``python -m bench.pairs`` runs more
   pairs of A, AO and G alone);
@@ -30,10 +34,10 @@ from pathlib import Path
 
 from bench.report import report
 from bench.runner import REPO, Bench
-from bench.scales import SCALES, Results, log
+from bench.scales import SCALES, Results, Scale, huge, log
 
 # Settings that change what a run measures or where it writes: the report's command names them.
-OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR")
+OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR", "BENCH_HUGE_NODES")
 
 
 def exact_command(environ: Mapping[str, str], scale: str, args: Sequence[str]) -> str:
@@ -44,6 +48,16 @@ def exact_command(environ: Mapping[str, str], scale: str, args: Sequence[str]) -
     )
     set_here = [f"{key}={shlex.quote(environ[key])}" for key in OVERRIDES if environ.get(key, "").strip()]
     return " ".join([*set_here, base])
+
+
+def scale_of(name: str, environ: Mapping[str, str]) -> Scale:
+    """The scale named ``name``; the huge one at ``BENCH_HUGE_NODES`` nodes when that is set."""
+    nodes = environ.get("BENCH_HUGE_NODES", "").strip()
+    if name != "huge" or not nodes:
+        return SCALES[name]
+    if not nodes.isdigit() or int(nodes) < 1:
+        raise ValueError(f"BENCH_HUGE_NODES={nodes!r}: a whole number >= 1")
+    return huge(int(nodes))
 
 
 def main() -> int:
@@ -61,13 +75,22 @@ def main() -> int:
     if name not in SCALES:
         print(f"BENCH_SCALE={name!r}: choose one of {', '.join(SCALES)}", file=sys.stderr)
         return 2
-    doc = Path(os.environ.get("BENCH_DOC") or REPO / "docs" / "benchmarks.md").resolve()
+    try:
+        scale = scale_of(name, os.environ)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    default_doc = "benchmarks-huge.md" if name == "huge" else "benchmarks.md"
+    doc = Path(os.environ.get("BENCH_DOC") or REPO / "docs" / default_doc).resolve()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or REPO / ".cluster" / "bench").resolve()
     command = exact_command(os.environ, name, sys.argv[1:])
-    scale = SCALES[name]
     if sys.argv[1:] == ["--report-only"]:
         results = Results.from_json((workdir / "results.json").read_text())
-        scale = SCALES[results.scale]
+        scale = scale_of(results.scale, os.environ)
+        if results.scale == "huge":  # at the node count it ran at ("n<nodes>-..." plan keys)
+            scale = huge(int(results.runs[0].plan.split("-")[0][1:])) if results.runs else scale
+            if not os.environ.get("BENCH_DOC"):
+                doc = (REPO / "docs" / "benchmarks-huge.md").resolve()
         if results.runs:
             paired = {"A", "AO", "G", "T0", "T1"}
             scale = dataclasses.replace(
@@ -86,7 +109,8 @@ def main() -> int:
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]
-    log(f"wrote {doc} and {doc.with_suffix('.png')}; results in {workdir / 'results.json'}")
+    written = doc if "startup" in scale.phases else f"{doc} and {doc.with_suffix('.png')}"
+    log(f"wrote {written}; results in {workdir / 'results.json'}")
     if wrong:
         for r in wrong:
             log(f"INCORRECT {r.arm} {r.plan} rep {r.rep}: {'; '.join(r.problems[:5])}")

@@ -212,7 +212,7 @@ def run_bind_arm(
     Arm E (the gpu-scheduler on existing pods, C's counterpart): ``hold()`` keeps the
     scheduler from placing anything (its Lease is held by someone else) while the pods are
     created; once all are seen, ``go()`` gives the Lease back and returns the last moment
-    known to come before the scheduler took it (Runner.release_lease): the clock starts there,
+    known to come before the scheduler took it (bench/lease.py, HeldLease.go): the clock starts there,
     as C's starts at its first Binding. Arm GR
     (bench/gang.py) the same way: ``hold()`` blocks the gang, ``go()`` releases it.
     """

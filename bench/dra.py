@@ -1,12 +1,14 @@
 """DRA mode measured: the gpu-scheduler's claim controller, the scheduling gate and kube-scheduler's
-allocation, against kube-scheduler allocating the same claims made beforehand.
+allocation, against kube-scheduler allocating the same claims made beforehand, and against the
+way a team without gpu-scheduler asks for GPUs (a StatefulSet with a ResourceClaimTemplate).
 
 The DRA phase of ``make bench`` (after the bind and create arms, on the same control plane):
 
 1. every kwok node publishes its 8 GPUs as NVIDIA's DRA driver would (localcluster/dra.py: the
    DeviceClass ``gpu.nvidia.com`` and one ResourceSlice per node);
 2. a second gpu-scheduler, in DRA mode (``GPU_SCHEDULER_DRA``, the chart's DRA RBAC, its own
-   namespace and Lease), starts; it runs only during this phase;
+   namespace and Lease), starts, and so does a kube-controller-manager running only the
+   StatefulSet and resourceclaim controllers (bench/drakt.py); both run only during this phase;
 3. per repetition, interleaved, on the DRA plan's pods (bare pods, as the injection policy makes
    a mapped replica in DRA mode: the label ``gpu-scheduler.io/dra``, the scheduling gate, the
    claim reference ``<pod>-gpus`` in the pod and in its container, ``CUDA_DEVICE_ORDER``, the
@@ -18,6 +20,9 @@ The DRA phase of ``make bench`` (after the bind and create arms, on the same con
    * ``K``: the same claims (the controller's own bodies, without its label, so no controller
      touches them) are created first, untimed; then the same pods without the gate and the
      label; kube-scheduler allocates and binds;
+   * ``KT``: a StatefulSet per workload whose pod template uses a ResourceClaimTemplate; the
+     controllers make the replicas and their claims, kube-scheduler allocates any free GPU and
+     binds (bench/drakt.py: its clock and its read-back);
 
 4. ``foreign`` other claims are made (allocated, through their status, to the GPUs of
    ResourceSlices of nodes that do not run pods here: the cluster's other workloads), and ``DF``
@@ -38,6 +43,20 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from bench.arms import Run, create_namespace, creator, percentile
+from bench.drakt import (
+    DRA_CONTROLLERS,
+    DRA_KCM,
+    DRA_KCM_BURST,
+    DRA_KCM_QPS,
+    KT_NAME,
+    STATEFULSETS,
+    TEMPLATES,
+    check_kt,
+    claim_template,
+    pod_names,
+    shared_devices,
+    statefulsets,
+)
 from bench.raw import ApiError, PodWatch, Raw, run_parallel
 from bench.workload import BENCH, IMAGE, PART_OF, WORKLOAD_LABEL, Plan, PodSpec, node_name
 from kube_gpu_scheduler.domain import dra
@@ -50,10 +69,11 @@ from localcluster.scheduler_host import http_url, run_scheduler
 if TYPE_CHECKING:
     from bench.harness import Harness
 
-DRA_ARMS = ("D", "K", "DF")
+DRA_ARMS = ("D", "K", "KT", "DF")
 DRA_ARM_NAMES = {
     "D": "DRA mode: the claim controller makes the claim and opens the gate, kube-scheduler (B2's) allocates",
     "K": "kube-scheduler (B2's) allocating the same claims made beforehand, no controller",
+    "KT": KT_NAME,
     "DF": "DRA mode (D) with the cluster's other allocated claims present",
 }
 DRA_SCHEDULER = "gpu-scheduler-dra"
@@ -141,14 +161,7 @@ def check_dra(raw: Raw, namespace: str, plan: Plan) -> list[str]:
         elif claim is None or not dra.matches(claim, entry, dra.resolve(entry, node_devices(node))):
             got = [f"{a.pool}/{a.device}" for a in dra.allocation(claim or {})]
             problems.append(f"{namespace}/{name}: claim allocated {got}, entry {entry}")
-    held: dict[tuple[str, str, str], list[str]] = {}
-    for c in raw.list_items("/apis/resource.k8s.io/v1/resourceclaims"):
-        for a in dra.allocation(c):
-            held.setdefault((a.driver, a.pool, a.device), []).append(
-                f"{c['metadata']['namespace']}/{c['metadata']['name']}"
-            )
-    problems += [f"device {'/'.join(d)} allocated to {v}" for d, v in held.items() if len(v) > 1]
-    return problems[:20]
+    return (problems + shared_devices(raw))[:20]
 
 
 KEY_METRICS = {
@@ -220,9 +233,16 @@ class DraBench:
     def stop_scheduler(self) -> None:
         cluster = self.bench.cluster
         assert cluster is not None
-        proc = cluster.procs.pop(DRA_SCHEDULER, None)
-        if proc is not None:
-            proc.stop()
+        for name in (DRA_SCHEDULER, DRA_KCM):
+            proc = cluster.procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+
+    def start_controllers(self) -> None:
+        """The StatefulSet and resourceclaim controllers, tuned, for the whole phase (bench/drakt.py)."""
+        cluster = self.bench.cluster
+        assert cluster is not None
+        cluster.start_controller_manager(DRA_KCM, DRA_CONTROLLERS, DRA_KCM_QPS, DRA_KCM_BURST)
 
     # -- the cluster's other claims -----------------------------------------------------------
 
@@ -310,6 +330,10 @@ class DraBench:
         plan, raw = self.plan, self.raw
         ns = self.bench.namespace(f"{arm}-{plan.key}")
         pods = dra_pods(plan, scheduler_name=self.kube_scheduler, gated=arm != "K")
+        names = [p.name for p in pods]
+        controller = arm in ("D", "DF")
+        create: Any = creator(raw, ns)
+        items: list[Any] = pods
         try:
             if arm == "K":
                 run_parallel(
@@ -317,18 +341,25 @@ class DraBench:
                     lambda b: raw.request("POST", CLAIMS.format(ns=ns), b, ok=(201,)),
                     claim_bodies(plan, ns),
                 )
+            if arm == "KT":  # the team's template exists beforehand; the clock starts at the StatefulSets
+                raw.post(TEMPLATES.format(ns=ns), claim_template(), ok=(201,))
+                names, items = pod_names(plan), statefulsets(plan, self.kube_scheduler)
+
+                def create(body: bytes) -> None:
+                    raw.request("POST", STATEFULSETS.format(ns=ns), body, ok=(201,))
+
             watch = PodWatch(raw, ns).start()
-            keys_before = key_metrics(self.metrics_url) if arm != "K" else {}
+            keys_before = key_metrics(self.metrics_url) if controller else {}
             cpu_before = self.bench.cpu()
             try:
-                start, _ = run_parallel(self.scale.create_threads, creator(raw, ns), pods)
-                if not watch.wait_bound(len(pods), self.scale.timeout):
+                start, _ = run_parallel(self.scale.create_threads, create, items)
+                if not watch.wait_bound(len(names), self.scale.timeout):
                     raise ApiError(
-                        f"{arm}: only {len(watch.bound)} of {len(pods)} pods bound in {self.scale.timeout:.0f} s"
+                        f"{arm}: only {len(watch.bound)} of {len(names)} pods bound in {self.scale.timeout:.0f} s"
                     )
                 cpu_used = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in self.bench.cpu().items()}
                 last = max(watch.bound.values())
-                latencies = [watch.bound[p.name] - watch.seen[p.name] for p in pods]
+                latencies = [watch.bound[n] - watch.seen[n] for n in names]
             finally:
                 watch.stop()
             seconds = last - start
@@ -336,23 +367,25 @@ class DraBench:
                 arm,
                 plan.key,
                 rep,
-                len(pods),
+                len(names),
                 seconds,
-                len(pods) / seconds,
+                len(names) / seconds,
                 percentile(latencies, 50),
                 percentile(latencies, 99),
             )
             run.cpu, run.watch_resumed = cpu_used, watch.resumed
             run.end_lag = max(0.0, last - max(watch.seen.values()))
-            if arm != "K":
+            if controller:
                 time.sleep(1)  # the last keys (the pin checks after binding) finish
                 after = key_metrics(self.metrics_url)
                 keys = after["count"] - keys_before["count"]
                 run.dra_keys = int(keys)
                 run.dra_key_ms = 1000 * (after["seconds"] - keys_before["seconds"]) / max(1.0, keys)
                 run.dra_key_cpu_ms = 1000 * (after["cpu"] - keys_before["cpu"]) / max(1.0, keys)
-            run.problems = check_dra(raw, ns, plan)
+            run.problems = check_kt(raw, ns, plan) if arm == "KT" else check_dra(raw, ns, plan)
         finally:
+            if arm == "KT":  # first the StatefulSets, or their controller makes the replicas again
+                raw.delete(STATEFULSETS.format(ns=ns))
             self.drain(ns)
         return run
 
@@ -360,8 +393,10 @@ class DraBench:
         self.publish()
         self.start_scheduler()
         try:
+            self.start_controllers()
+            arms = ("D", "K", "KT")
             for rep in range(self.scale.reps):
-                for arm in ("D", "K") if rep % 2 == 0 else ("K", "D"):
+                for arm in arms[rep % 3 :] + arms[: rep % 3]:
                     self.bench.record(
                         self.run_arm(arm, rep), f"{self.plan.label} {arm} ({DRA_ARM_NAMES[arm]})"
                     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bench.arms import Run
 from bench.dra import DRA_ARM_NAMES, DRA_ARMS, DRA_SCHEDULER
+from bench.drakt import DRA_KCM
 from bench.stats import median, ms_spread, spread
 from bench.workload import Plan
 
@@ -39,6 +40,14 @@ def dra_ratios(runs: list[Run], plan: Plan, foreign: int) -> list[tuple[str, str
             "",
         ),
         ("p99 create-to-bound D/K (lower is better)", where, ratio(med("D", "p99"), med("K", "p99")), ""),
+        (
+            "throughput D/KT (DRA mode / a StatefulSet with a ResourceClaimTemplate: the resourceclaim "
+            "controller makes the claims, kube-scheduler allocates, nothing pinned)",
+            where,
+            ratio(med("D", "throughput"), med("KT", "throughput")),
+            ">= 0.9",
+        ),
+        ("p99 create-to-bound D/KT (lower is better)", where, ratio(med("D", "p99"), med("KT", "p99")), ""),
         (
             f"throughput DF/D (DRA mode with {foreign} other allocated claims / without)",
             where,
@@ -82,11 +91,37 @@ DRA_COMPONENTS = (
     "kube-apiserver",
     "etcd",
     "kube-controller-manager",
+    DRA_KCM,
     "kube-scheduler-tuned",
     "kwok",
     DRA_SCHEDULER,
     "bench client",
 )
+
+
+def cpu_per_pod(runs: list[Run]) -> dict[str, float]:
+    """Each DRA process's CPU ms per pod, and the total, medians over ``runs`` ({} without CPU)."""
+    rs = [r for r in runs if r.cpu]
+    if not rs:
+        return {}
+    out = {c: median([1000 * r.cpu.get(c, 0.0) / r.pods for r in rs]) for c in DRA_COMPONENTS}
+    out["total"] = median([1000 * sum(r.cpu.values()) / r.pods for r in rs])
+    return out
+
+
+def extra_cpu_line(d_runs: list[Run], kt_runs: list[Run]) -> str:
+    """Where D's extra CPU goes: CPU ms per pod of each process, D against KT, largest gap first."""
+    d, kt = cpu_per_pod(d_runs), cpu_per_pod(kt_runs)
+    if not d or not kt:
+        return "Where D's extra CPU goes: no D and KT runs with CPU readings."
+    gaps = sorted(DRA_COMPONENTS, key=lambda c: -abs(d[c] - kt[c]))
+    parts = [
+        f"{c} {d[c] - kt[c]:+.1f} ({d[c]:.1f} against {kt[c]:.1f})" for c in gaps if abs(d[c] - kt[c]) >= 0.05
+    ]
+    return (
+        f"**Where D's extra CPU goes** (ms per pod, D minus KT): all processes {d['total'] - kt['total']:+.1f} "
+        f"({d['total']:.1f} against {kt['total']:.1f}); " + ", ".join(parts or ["no process differs"]) + "."
+    )
 
 
 def dra_section(runs: list[Run], plan: Plan, foreign: int, note: str = "") -> str:
@@ -102,9 +137,10 @@ def dra_section(runs: list[Run], plan: Plan, foreign: int, note: str = "") -> st
     for arm in DRA_ARMS:
         rs = mine[arm]
         ok = "yes" if rs and all(r.correct for r in rs) else "NO"
-        keys = spread([r.dra_keys / r.pods for r in rs], "{:.1f}") if arm != "K" else "—"
-        key_ms = spread([r.dra_key_ms for r in rs], "{:.2f}") if arm != "K" else "—"
-        key_cpu = spread([r.dra_key_cpu_ms for r in rs], "{:.2f}") if arm != "K" else "—"
+        mine_keys = arm in ("D", "DF")
+        keys = spread([r.dra_keys / r.pods for r in rs], "{:.1f}") if mine_keys else "—"
+        key_ms = spread([r.dra_key_ms for r in rs], "{:.2f}") if mine_keys else "—"
+        key_cpu = spread([r.dra_key_cpu_ms for r in rs], "{:.2f}") if mine_keys else "—"
         lines.append(
             f"| {arm}: {DRA_ARM_NAMES[arm]} | {spread([r.throughput for r in rs])} | "
             f"{ms_spread([r.p50 for r in rs])} | {ms_spread([r.p99 for r in rs])} | {ok} | {keys} | "
@@ -112,11 +148,11 @@ def dra_section(runs: list[Run], plan: Plan, foreign: int, note: str = "") -> st
         )
     cpu = ["| arm | " + " | ".join(DRA_COMPONENTS) + " | total |", "|---" * (len(DRA_COMPONENTS) + 2) + "|"]
     for arm in DRA_ARMS:
-        rs = [r for r in mine[arm] if r.cpu]
-        if rs:
-            per = [median([1000 * r.cpu.get(c, 0.0) / r.pods for r in rs]) for c in DRA_COMPONENTS]
-            total = median([1000 * sum(r.cpu.values()) / r.pods for r in rs])
-            cpu.append(f"| {arm} | " + " | ".join(f"{v:.1f}" for v in per) + f" | {total:.1f} |")
+        per_arm = cpu_per_pod(mine[arm])
+        if per_arm:
+            cpu.append(
+                f"| {arm} | " + " | ".join(f"{per_arm[c]:.1f}" for c in (*DRA_COMPONENTS, "total")) + " |"
+            )
     return f"""{plan.label}, bare pods as the injection policy makes a mapped replica in DRA mode (the label
 `gpu-scheduler.io/dra`, the scheduling gate, the claim `<pod>-gpus` in the pod and its container,
 the required node affinity on the entry's node), every node publishing 8 GPUs in a ResourceSlice
@@ -135,6 +171,15 @@ apiserver, the CPU time is its own work.
 
 {chr(10).join(lines)}
 
+KT = a StatefulSet per workload whose pod template asks for one GPU through a
+ResourceClaimTemplate, as a team without gpu-scheduler asks: the StatefulSet and resourceclaim
+controllers (a kube-controller-manager of their own for this phase, client QPS 5000 as B2's;
+the control plane's own runs neither) make the replicas and their claims, kube-scheduler
+allocates any free GPU and binds; the clock starts at the first StatefulSet's POST
+(bench/drakt.py).
+
 CPU per pod by process (ms, median over the repetitions):
 
-{chr(10).join(cpu)}"""
+{chr(10).join(cpu)}
+
+{extra_cpu_line(mine["D"], mine["KT"])}"""

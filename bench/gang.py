@@ -37,8 +37,9 @@ from kube_gpu_scheduler.domain.gang import GANG_ANNOTATION
 GANG_ARMS = ("G", "GR")
 # The arms whose pods are owned by real StatefulSets.
 OWNED_ARMS = ("AO", *GANG_ARMS)
-# kube-controller-manager's controller the bench's control plane leaves off (see above).
-CONTROLLERS_OFF = ("statefulset-controller",)
+# kube-controller-manager's controllers the bench's control plane leaves off (see above); the DRA
+# phase runs both in a kube-controller-manager of its own, for arm KT (bench/drakt.py).
+CONTROLLERS_OFF = ("statefulset-controller", "resourceclaim-controller")
 BLOCKER_NS = "bench-gang-blocker"
 
 

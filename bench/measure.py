@@ -39,6 +39,15 @@ def rss_mib(pid: int) -> float:
     return round(total_kib / 1024, 1)
 
 
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM of ``pid`` (its peak resident set since it started), in MiB."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and its descendants that are alive now (gunicorn workers), in seconds."""
     return sum(process_cpu_seconds(p) for p in [pid, *descendants(pid)])

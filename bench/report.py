@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.apiserver import apiserver_section
-from bench.arms import ARM_NAMES, ARMS, INJECTION_NAMES, INJECTIONS, Run
+from bench.arms import ARM_NAMES, INJECTION_NAMES, INJECTIONS, Run
 from bench.drareport import dra_section
+from bench.huge import huge_ratios
 from bench.ratios import print_ratios, ratio_table, ratios, runs_of
 from bench.scales import Results, Scale
 from bench.stats import median, ms_spread, spread
@@ -21,7 +22,7 @@ def bind_table(results: Results, scale: Scale) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for plan in scale.plans:
-        for arm in ARMS:
+        for arm in scale.arms:
             runs = runs_of(results, arm, plan.key)
             lag = spread([r.end_lag for r in runs], "{:.2f}") if arm not in ("C", "E") else "—"
             lines.append(_runs_row(f"{plan.label} | {arm}: {ARM_NAMES[arm]}", runs) + f" {lag} |")
@@ -104,7 +105,7 @@ def cpu_table(results: Results, scale: Scale) -> str:
     rows: list[tuple[str, str, list[Run]]] = [
         (plan.label, f"{arm}: {ARM_NAMES[arm]}", runs_of(results, arm, plan.key))
         for plan in scale.plans
-        for arm in ARMS
+        for arm in scale.arms
     ]
     rows += [
         (f"{scale.webhook_pods} creates, map of {e}", label, runs_of(results, arm, f"map{e}"))
@@ -164,9 +165,9 @@ def plot(results: Results, scale: Scale, path: Path) -> None:
 
     plans = scale.plans
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    width = 0.8 / len(ARMS)
-    for i, arm in enumerate(ARMS):
-        xs = [j + (i - (len(ARMS) - 1) / 2) * width for j in range(len(plans))]
+    width = 0.8 / len(scale.arms)
+    for i, arm in enumerate(scale.arms):
+        xs = [j + (i - (len(scale.arms) - 1) / 2) * width for j in range(len(plans))]
         for ax, metric in ((axes[0], "throughput"), (axes[1], "p99")):
             meds, lows, highs = [], [], []
             for plan in plans:
@@ -225,7 +226,8 @@ def write_doc(results: Results, scale: Scale, doc: Path, png: Path) -> None:
 
 Written by `make bench` ({results.started}); do not edit by hand, run it again.
 How the harness works and what each ratio means: README, "Tests and benchmarks", and the
-docstrings of `bench/`.
+docstrings of `bench/`. At 5,000 nodes and 15,000 pods (`make bench BENCH_SCALE=huge`, by hand
+only): docs/benchmarks-huge.md.
 
 - Command: `{results.command}`
 - Scale: `BENCH_SCALE={scale.name}`; {scale.reps} repetition(s) ({scale.feature_reps} of the arms that price a feature: A, AO and G, T0 and T1), arms interleaved; creator {scale.create_threads} threads, raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.
@@ -341,7 +343,57 @@ On 2 cores, the sum is what bounds the throughput: 2,000 ms of CPU per second ar
     plot(results, scale, png)
 
 
+def write_huge_doc(results: Results, scale: Scale, doc: Path) -> None:
+    """docs/benchmarks-huge.md: the huge scale's ratios, bind arms, memory, start-up and CPU."""
+    m = results.machine
+    v = versions()
+    wrong = [r for r in results.runs if not r.correct]
+    correctness = (
+        "Every run passed its correctness check (each pod on its mapped node with its GPU, no "
+        "node:GPU held twice)."
+        if not wrong
+        else "**Correctness failures:** "
+        + "; ".join(f"{r.arm} {r.plan} rep {r.rep}: {r.problems[0]}" for r in wrong)
+    )
+    nodes = scale.groups[0][0]
+    text = f"""# Benchmarks at {nodes:,} nodes
+
+Written by `make bench BENCH_SCALE=huge` ({results.started}); do not edit by hand, run it again.
+What the arms are: [benchmarks.md](benchmarks.md); this scale: `bench/huge.py`.
+
+- Command: `{results.command}`
+- Scale: `BENCH_SCALE=huge`, {nodes} kwok nodes with 8 GPUs each, their Leases {scale.node_lease_s} s
+  (renewed every {scale.node_lease_s // 4} s; the node lifecycle controller's grace period as long);
+  {scale.reps} repetition(s), arms {", ".join(scale.arms)} interleaved; creator {scale.create_threads} threads,
+  raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.
+- Machine: {m["nproc"]} CPUs ({m["cpu"]}), {m["memory_gib"]} GiB memory, Linux {m["kernel"]}, Python {m["python"]}.
+- Load average (1, 5, 15 min) at the start: {m["load_start"]}; at the end: {results.load_end}.
+- Control plane: kube-apiserver {v.get("KUBERNETES_VERSION")}, etcd {v.get("ETCD_VERSION")}, kwok {v.get("KWOK_VERSION")}.
+
+## Ratios, memory and start-up
+
+{ratio_table(huge_ratios(results, scale))}
+
+{correctness}
+
+## Bind arms
+
+{bind_table(results, scale)}
+
+## CPU per pod, by process
+
+{cpu_table(results, scale)}
+"""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
 def report(results: Results, scale: Scale, doc: Path) -> list[tuple[str, str, float, str]]:
+    if "startup" in scale.phases:
+        rows = huge_ratios(results, scale)
+        write_huge_doc(results, scale, doc)
+        print_ratios(rows)
+        return rows
     rows = ratios(results, scale)
     write_doc(results, scale, doc, doc.with_suffix(".png"))
     print_ratios(rows)

@@ -12,11 +12,17 @@ Order (each step on the same control plane, so the ratios compare like with like
 5. the webhook create arms (without / with, maps of several sizes), interleaved likewise;
    then what kube-apiserver spends per mapped pod create and per StatefulSet apply, with 1 and
    3 releases of the chart installed in policy mode (bench/apiserver.py);
-6. DRA mode against kube-scheduler on claims made beforehand (bench/dra.py: its own gpu-scheduler
-   in DRA mode, started for that phase only); tenancy on against off, arm A each (bench/tenancy.py:
-   a second gpu-scheduler with tenancy on, started for that phase only);
+6. DRA mode against kube-scheduler on claims made beforehand and against StatefulSets with a
+   ResourceClaimTemplate (bench/dra.py, bench/drakt.py: its own gpu-scheduler in DRA mode and a
+   kube-controller-manager with the StatefulSet and resourceclaim controllers, started for that
+   phase only); tenancy on against off, arm A each (bench/tenancy.py: a second gpu-scheduler with
+   tenancy on, started for that phase only);
 7. one more scheduler run of the largest plan under py-spy (the profile);
 8. the report (bench.report).
+
+A scale names its bind arms and the phases it runs after them (``Scale.arms``, ``Scale.phases``):
+the huge one (bench/huge.py) runs A, B2 and L on 5,000 nodes, then only the gpu-scheduler's
+memory and start-up, measured after A's first run while its pods are still there.
 
 The scales and the results record are bench/scales.py; memory, CPU time and the
 profile's summary are bench/measure.py; what the run shares with its phases (the control plane,
@@ -25,22 +31,19 @@ the results, a namespace, a run recorded) is bench/harness.py.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench import arms
+from bench import arms, huge
 from bench.apiserver import ApiserverBench
 from bench.arms import (
-    ARMS,
     INJECTIONS,
     PAIRED,
     STATEFULSET_CONTROLLER,
@@ -52,12 +55,12 @@ from bench.arms import (
 from bench.dra import DraBench
 from bench.gang import CONTROLLERS_OFF, GANG_ARMS, OWNED_ARMS, Release, owned, owners, released
 from bench.harness import Harness
+from bench.lease import HeldLease
 from bench.measure import own_times, rss_mib, summarise_profile
-from bench.raw import ApiError, Raw, run_parallel
+from bench.raw import Raw, run_parallel
 from bench.scales import Results, Scale, log
 from bench.tenancy import TenancyBench
 from bench.workload import NOBODY, Plan, bind_pods, foreign_pods, node_name, webhook_pods
-from kube_gpu_scheduler.kube.timefmt import micro_time
 from localcluster.admission import POD_CREATE_RULE
 from localcluster.cluster import Cluster, free_port
 from localcluster.procs import ManagedProcess
@@ -88,6 +91,7 @@ class Bench(Harness):
         self.scheduler: ManagedProcess | None = None
         self.webhook: ManagedProcess | None = None
         self.webhook_certs: Path | None = None
+        self.scheduler_kubeconfig: Path | None = None
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -96,40 +100,66 @@ class Bench(Harness):
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
         log(f"starting the control plane in {self.workdir}")
-        self.cluster = Cluster.start(self.workdir / "cluster", gpu_nodes=0, controllers_off=CONTROLLERS_OFF)
+        self.cluster = Cluster.start(
+            self.workdir / "cluster",
+            gpu_nodes=0,
+            controllers_off=CONTROLLERS_OFF,
+            node_lease_seconds=self.scale.node_lease_s,
+            controller_manager_qps=self.scale.kcm_qps,
+        )
         # Connections for the creator, the raw binder and the pod watch at once.
         self.raw = Raw(
             self.cluster.kubeconfig, maxsize=self.scale.create_threads + self.scale.bind_threads + 4
         )
         self.add_nodes(self.scale.groups[0][0])
         self.start_scheduler()
-        self.start_webhook()
-        self.start_policy()
+        if "webhook" in self.scale.phases:
+            self.start_webhook()
+            self.start_policy()
 
     def add_nodes(self, count: int) -> None:
         assert self.cluster is not None
         t0 = time.monotonic()
-        self.cluster.add_nodes([node_name(i) for i in range(count)], gpus=8, threads=8, timeout=600)
+        # The node lifecycle controller lifts each new node's not-ready taint: at its client's
+        # default 20 QPS about 5 nodes a second (Scale.kcm_qps raises it for 5,000 nodes).
+        timeout = max(600.0, 0.5 * count)
+        self.cluster.add_nodes([node_name(i) for i in range(count)], gpus=8, threads=8, timeout=timeout)
         log(f"{count} nodes Ready ({time.monotonic() - t0:.1f} s)")
 
     def start_scheduler(self) -> None:
         assert self.cluster is not None and self.raw is not None
         create_namespace(self.raw, SYSTEM_NS)
-        kubeconfig = scheduler_kubeconfig(self.cluster, SYSTEM_NS)
-        # The production settings (INFO logs, leader election, 16 workers, injection required).
-        self.scheduler = run_scheduler(
-            kubeconfig,
-            env={"POD_NAME": "bench", "POD_NAMESPACE": SYSTEM_NS, "GPU_SCHEDULER_NAME": SCHEDULER},
-            log_path=self.workdir / "logs" / "gpu-scheduler.log",
-        )
-        self.cluster.adopt("gpu-scheduler", self.scheduler)
+        self.scheduler_kubeconfig = scheduler_kubeconfig(self.cluster, SYSTEM_NS)
+        self.scheduler = self.launch_scheduler()
         # Arm B2: kube-scheduler as a team that cares about scheduling speed runs it, its client
         # limits raised so that they never hold it back (arm B keeps the defaults, 50 QPS).
         self.cluster.start_kube_scheduler("kube-scheduler-tuned", TUNED, qps=5000, burst=10000)
         time.sleep(2)
         self.results.memory["scheduler_idle"] = rss_mib(self.scheduler.pid)
         log(f"gpu-scheduler ready, RSS idle {self.results.memory['scheduler_idle']} MiB")
-        self.foreign_memory()
+        if self.scale.foreign:
+            self.foreign_memory()
+
+    def launch_scheduler(self) -> ManagedProcess:
+        """The gpu-scheduler with the production settings (INFO logs, leader election, 16 workers,
+        injection required), once its /readyz answers; stopped with the control plane."""
+        assert self.cluster is not None and self.scheduler_kubeconfig is not None
+        proc = run_scheduler(
+            self.scheduler_kubeconfig,
+            env={"POD_NAME": "bench", "POD_NAMESPACE": SYSTEM_NS, "GPU_SCHEDULER_NAME": SCHEDULER},
+            log_path=self.workdir / "logs" / "gpu-scheduler.log",
+            timeout=self.scale.timeout,
+        )
+        self.cluster.adopt("gpu-scheduler", proc)
+        return proc
+
+    def restart_scheduler(self) -> ManagedProcess:
+        """Stop the gpu-scheduler (it gives its Lease back) and start a new one (the huge scale's
+        start-up: bench/huge.py)."""
+        assert self.cluster is not None
+        self.cluster.procs.pop("gpu-scheduler").stop()
+        self.scheduler = self.launch_scheduler()
+        return self.scheduler
 
     def foreign_memory(self) -> None:
         """Scheduler RSS with many pods that are not its own (another schedulerName, bound to the
@@ -268,7 +298,8 @@ class Bench(Harness):
         if arm in OWNED_ARMS:  # their StatefulSets first, as in a user's cluster
             gang = arm in GANG_ARMS
             pods = owned(pods, owners(self.raw, ns, pods, gang), gang)
-        hold, go = self.hold_lease, self.release_lease
+        lease = HeldLease(self.raw, self.LEASE, http_url(self.scheduler, "/health"))
+        hold, go = lease.hold, lease.go
         if arm == "GR":
             release = Release(self.raw, http_url(self.scheduler, "/metrics"), pods[0], SCHEDULER)
             hold, go = release.hold, release.go
@@ -292,8 +323,10 @@ class Bench(Harness):
                 time.sleep(2)
                 key = f"scheduler_own_{plan.pods}"
                 self.results.memory[key] = max(self.results.memory.get(key, 0.0), rss_mib(self.scheduler.pid))
+            if arm == "A" and rep == 0 and "startup" in self.scale.phases:
+                huge.after_placement(self.results, self.scheduler.pid, self.restart_scheduler)
         finally:
-            delete_pods(self.raw, ns)
+            delete_pods(self.raw, ns, timeout=self.scale.timeout)
             if arm == "GR":
                 release.clean()
         return run
@@ -311,59 +344,8 @@ class Bench(Harness):
             time.sleep(0.2)
         return spent
 
-    # -- arm E: the scheduler kept from leading while its pods are created ------------------
-
+    # Arm E: the scheduler kept from leading while its pods are created (bench/lease.py).
     LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NS}/leases/{SCHEDULER}"
-    HOLDER = "bench-holds-the-lease"
-
-    def _write_lease(self, holder: str | None) -> None:
-        assert self.raw is not None
-        for _ in range(50):
-            lease = self.raw.get(self.LEASE)
-            spec = lease.setdefault("spec", {})
-            spec["holderIdentity"] = holder
-            spec["leaseDurationSeconds"] = 100  # under 10x the scheduler's 15 s: not "absurd"
-            spec["renewTime"] = spec["acquireTime"] = micro_time()
-            try:
-                self.raw.request("PUT", self.LEASE, json.dumps(lease).encode(), ok=(200,), tries=1)
-                return
-            except ApiError as err:
-                if "HTTP 409" not in str(err):
-                    raise
-        raise ApiError("could not write the scheduler's Lease (409 fifty times)")
-
-    def _scheduler_leads(self) -> bool:
-        assert self.scheduler is not None
-        with urllib.request.urlopen(http_url(self.scheduler, "/health"), timeout=5) as resp:  # noqa: S310 (http://127.0.0.1)
-            return bool(json.loads(resp.read()).get("leader"))
-
-    def hold_lease(self) -> None:
-        """Take the scheduler's Lease, and wait until it has stopped leading."""
-        self._write_lease(self.HOLDER)
-        deadline = time.monotonic() + 60
-        while self._scheduler_leads():
-            if time.monotonic() > deadline:
-                raise ApiError("the scheduler still leads 60 s after its Lease was taken")
-            time.sleep(0.05)
-
-    def release_lease(self) -> float:
-        """Give the Lease back; the moment the scheduler leads again (it polls every 2 s).
-
-        It lies after the last ``/health`` ask that still said "not leading" (or the Lease's
-        release) began: that start is returned, so no latency from it is negative. The first
-        "leading" answer can come after the scheduler bound its first pods (20 in a few ms: the
-        smoke test once saw a p50 of -7 ms)."""
-        last_no = time.monotonic()  # the scheduler cannot lead before its Lease is given back
-        self._write_lease(None)
-        deadline = last_no + 60
-        while True:
-            asked = time.monotonic()
-            if self._scheduler_leads():
-                return last_no
-            last_no = asked
-            if asked > deadline:
-                raise ApiError("the scheduler did not take its Lease back within 60 s")
-            time.sleep(0.01)
 
     def bind_arms(self) -> None:
         for index, (nodes, plans) in enumerate(self.scale.groups):
@@ -371,14 +353,16 @@ class Bench(Harness):
                 self.add_nodes(nodes)
             for rep in range(self.scale.reps):
                 for plan in plans:
-                    order = ARMS[rep % len(ARMS) :] + ARMS[: rep % len(ARMS)]
+                    arms_ = self.scale.arms
+                    order = arms_[rep % len(arms_) :] + arms_[: rep % len(arms_)]
                     for arm in order:
                         run = self.bind_run(arm, plan, rep, measure_memory=arm in ("A", "E"))
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
             # More repetitions of A, AO and G than of the others, for G/AO (Scale.paired_reps).
             for rep in range(self.scale.reps, self.scale.feature_reps):
                 for plan in plans:
-                    order = PAIRED[rep % len(PAIRED) :] + PAIRED[: rep % len(PAIRED)]
+                    paired = tuple(a for a in PAIRED if a in self.scale.arms)
+                    order = paired[rep % len(paired) :] + paired[: rep % len(paired)]
                     for arm in order:
                         run = self.bind_run(arm, plan, rep)
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
@@ -463,11 +447,17 @@ class Bench(Harness):
         try:
             self.start()
             self.bind_arms()
-            TenancyBench(self, SCHEDULER, SYSTEM_NS).run()
-            self.webhook_arms()
-            ApiserverBench(self).run()
-            DraBench(self, TUNED).run()
-            self.profile()
+            phases = self.scale.phases
+            if "tenancy" in phases:
+                TenancyBench(self, SCHEDULER, SYSTEM_NS).run()
+            if "webhook" in phases:
+                self.webhook_arms()
+            if "apiserver" in phases:
+                ApiserverBench(self).run()
+            if "dra" in phases:
+                DraBench(self, TUNED).run()
+            if "profile" in phases:
+                self.profile()
         finally:
             self.results.duration_s = round(time.monotonic() - t0, 1)
             self.results.load_end = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -12,11 +12,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.arms import Run
+from bench.arms import ARMS, Run
 from bench.workload import Plan
 
 # The DRA phase's plan at the default scale (bench/dra.py): 100 nodes, 500 replicas, one per node.
 DRA_PLAN = Plan(100, 500, 1)
+# What a run does after the bind arms (bench/runner.py), in this order; ``startup`` (the huge
+# scale's): the gpu-scheduler's memory after placing, and its start-up with every object present.
+PHASES = ("tenancy", "webhook", "apiserver", "dra", "profile")
+# The huge scale (``make bench BENCH_SCALE=huge``, by hand): kube-scheduler's own envelope of
+# 5,000 nodes, three replicas per node in workloads of 300 (bench/workload.py), arms A, B2, L.
+HUGE_NODES = 5000
+HUGE_WORKLOAD = 300
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,13 @@ class Scale:
     paired_reps: int = 0
     # The apiserver's CPU per mapped pod create and per StatefulSet apply, 1 and 3 releases.
     apiserver: ApiserverPlan = ApiserverPlan()
+    # The bind arms run (bench/arms.py), the phases after them (PHASES, or ("startup",)) and the
+    # kwok nodes' Lease duration in seconds (localcluster: renewed at a quarter of it).
+    arms: tuple[str, ...] = ARMS
+    phases: tuple[str, ...] = PHASES
+    node_lease_s: int = 40
+    # kube-controller-manager's client QPS (0: its defaults, 20/30).
+    kcm_qps: int = 0
 
     @property
     def feature_reps(self) -> int:
@@ -76,6 +90,32 @@ class Scale:
     @property
     def plans(self) -> list[Plan]:
         return [p for _, plans in self.groups for p in plans]
+
+
+def huge(nodes: int = HUGE_NODES) -> Scale:
+    """``BENCH_SCALE=huge`` at ``nodes`` kwok nodes (``BENCH_HUGE_NODES``; 5,000 by default):
+    3 replicas per node in workloads of at most 300, arms A, B2 and L, then the gpu-scheduler's
+    start-up with every node and pod present; no other phase. Each kwok node's Lease lasts 800 s
+    (renewed every 200 s: 25 writes a second for 5,000 nodes, 500 at the default 40 s);
+    kube-controller-manager's client QPS is 200 (its default 20 held the node lifecycle
+    controller to about 5 new nodes a second: 18 minutes before the 5,000 were schedulable);
+    every node carries 8 GPUs."""
+    if nodes < 1:
+        raise ValueError(f"BENCH_HUGE_NODES={nodes}: at least 1")
+    plan = Plan(nodes, 3 * nodes, 3, min(HUGE_WORKLOAD, 3 * nodes))
+    return Scale(
+        "huge",
+        ((nodes, (plan,)),),
+        1,
+        0,
+        (),
+        0,
+        timeout=max(600.0, 0.1 * plan.pods),
+        arms=("A", "B2", "L"),
+        phases=("startup",),
+        node_lease_s=800,
+        kcm_qps=200,
+    )
 
 
 _DEFAULT = (100, (Plan(100, 500, 1), Plan(100, 500, 5)))
@@ -106,7 +146,10 @@ SCALES = {
         500,
         (3, 500, 3000),
         5000,
+        # D/KT at 1,000 nodes: one workload of 1,000 replicas, one per node.
+        dra_plan=Plan(1000, 1000, 1),
     ),
+    "huge": huge(),
 }
 
 
@@ -120,6 +163,8 @@ class Results:
     memory: dict[str, float] = field(default_factory=dict)  # what -> MiB
     memory_notes: dict[str, str] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
+    # The huge scale's start-up (bench/huge.py): what -> seconds.
+    startup: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     load_end: str = ""
 

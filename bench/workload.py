@@ -41,22 +41,35 @@ class Plan:
     nodes: int
     pods: int
     per_node: int
+    # Replicas per workload (its map's entries); 0: nodes * per_node, one replica per node:GPU of
+    # a round of the nodes. ``make bench BENCH_SCALE=huge`` cuts 15,000 replicas into workloads of
+    # 300: one workload of 15,000 would carry a 200 KB map on every pod.
+    workload: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.workload or self.nodes * self.per_node
 
     @property
     def label(self) -> str:
-        return f"{self.nodes} nodes, {self.pods} pods, {self.per_node}/node"
+        base = f"{self.nodes} nodes, {self.pods} pods, {self.per_node}/node"
+        return f"{base}, workloads of {self.workload}" if self.workload else base
 
     @property
     def key(self) -> str:
-        return f"n{self.nodes}-p{self.pods}-r{self.per_node}"
+        base = f"n{self.nodes}-p{self.pods}-r{self.per_node}"
+        return f"{base}-w{self.workload}" if self.workload else base
 
     def placements(self) -> list[tuple[str, int, str, int]]:
-        """(workload, ordinal, node, gpu) for every pod."""
-        size = self.nodes * self.per_node
+        """(workload, ordinal, node, gpu) for every pod: pod i on node (i // R) mod N, its GPU i mod
+        R in the first round of the nodes, R more in each next round; ordinal i mod the workload's
+        size (with the default size, replica k of workload w on node k // R with GPU w * R + k % R)."""
+        round_ = self.nodes * self.per_node
         out = []
         for i in range(self.pods):
-            w, k = divmod(i, size)
-            out.append((f"w{w}", k, node_name(k // self.per_node), w * self.per_node + k % self.per_node))
+            w, k = divmod(i, self.size)
+            gpu = i % self.per_node + self.per_node * (i // round_)
+            out.append((f"w{w}", k, node_name((i // self.per_node) % self.nodes), gpu))
         if max(g for *_, g in out) >= GPUS_PER_NODE:
             raise ValueError(f"plan {self.label} needs more than {GPUS_PER_NODE} GPUs per node")
         return out

@@ -79,6 +79,8 @@ class Cluster(ServiceRoutes, ClusterNodes):
         nvidia_gpus: int = 0,
         controllers_off: Sequence[str] = (),
         real_node_name: str = CONTROL_PLANE_NODE,
+        node_lease_seconds: int = 40,
+        controller_manager_qps: int = 0,
     ) -> Cluster:
         """Start every component; on any failure stop what was started and raise.
 
@@ -94,6 +96,11 @@ class Cluster(ServiceRoutes, ClusterNodes):
         controllers not to run (``make bench`` creates the StatefulSets' pods itself).
         ``real_node_name``: the name the real node registers under (``make demo`` names it as the
         task's map names a GPU node, ``node4``); it is the control-plane node whatever its name.
+        ``node_lease_seconds``: the kwok nodes' Lease duration (renewed at a quarter of it; the
+        node lifecycle controller's grace period follows it): ``make bench BENCH_SCALE=huge``
+        raises it so that 5,000 nodes' heartbeats cost the control plane little.
+        ``controller_manager_qps``: kube-controller-manager's client QPS (burst twice it; 0: its
+        defaults, 20/30).
         """
         if nvidia_gpus and not real_node:
             raise ValueError("nvidia_gpus needs real_node=True: NVIDIA's DRA driver runs on the real node")
@@ -136,7 +143,15 @@ class Cluster(ServiceRoutes, ClusterNodes):
                     cluster.node.import_image(Path(archive))
             if service_network:
                 cluster._start_service_proxy(timeout)
-            cluster._start_components(pki, api_port, timeout, webhook_client, controllers_off)
+            cluster._start_components(
+                pki,
+                api_port,
+                timeout,
+                webhook_client,
+                controllers_off,
+                node_lease_seconds,
+                controller_manager_qps,
+            )
             if cluster.node is not None:
                 cluster._start_real_node(pki, timeout)
             cluster._create_nodes(gpu_nodes, gpus_per_node, timeout)

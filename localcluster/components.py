@@ -24,6 +24,21 @@ from localcluster.procs import ManagedProcess, pid_alive
 from localcluster.toolcache import tool
 
 
+def controller_manager_client_flags(qps: int) -> list[str]:
+    """kube-controller-manager's client limits: its defaults (20/30) without ``qps``; with it, as
+    a large cluster's operator raises them (``make bench BENCH_SCALE=huge``: the node lifecycle
+    controller lifts 5,000 new nodes' not-ready taints at about 5 a second under the defaults)."""
+    return [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps else []
+
+
+def node_monitor_flags(node_lease_seconds: int) -> list[str]:
+    """kube-controller-manager's grace period for a node's heartbeat: its default (50 s) while
+    kwok renews the leases every 10 s (a 40 s lease, renewed at a quarter of it); a longer lease
+    (cheaper heartbeats: ``make bench BENCH_SCALE=huge``'s 5,000 nodes) needs as long a grace,
+    or the node lifecycle controller marks the nodes NotReady between two renewals."""
+    return [f"--node-monitor-grace-period={node_lease_seconds}s"] if node_lease_seconds > 50 else []
+
+
 class ComponentProcesses(ClusterClients):
     """The process half of :class:`localcluster.cluster.Cluster`."""
 
@@ -119,6 +134,37 @@ class ComponentProcesses(ClusterClients):
             ],
         )
 
+    def start_controller_manager(
+        self, name: str, controllers: Sequence[str], qps: float, burst: int, timeout: float = 60
+    ) -> ManagedProcess:
+        """A second kube-controller-manager beside the control plane's, running only
+        ``controllers`` (which the first must leave off: two of one controller race), its
+        client's QPS and burst as given (the first keeps the defaults, 20/30), the same identity
+        (each controller with its own ServiceAccount's credentials), no leader election. Returns
+        once its ``/healthz`` answers."""
+        kubeconfig = self.workdir / "kube-controller-manager.kubeconfig"
+        port = free_port()
+        proc = self._spawn(
+            name,
+            [
+                tool("kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--controllers={','.join(controllers)}",
+                f"--kube-api-qps={qps}",
+                f"--kube-api-burst={burst}",
+                "--concurrent-statefulset-syncs=10",
+                "--v=1",
+            ],
+        )
+        proc.wait_http(f"https://127.0.0.1:{port}/healthz", timeout=timeout, insecure=True)
+        return proc
+
     def _component_kubeconfig(self, pki: LocalPKI, name: str, cn: str, org: str | None = None) -> Path:
         crt, key = pki.issue(name, cn, org=org)
         path = self.workdir / f"{name}.kubeconfig"
@@ -132,6 +178,8 @@ class ComponentProcesses(ClusterClients):
         timeout: float,
         webhook_client: tuple[Path, Path],
         controllers_off: Sequence[str] = (),
+        node_lease_seconds: int = 40,
+        controller_manager_qps: int = 0,
     ) -> None:
         etcd_client, etcd_peer = free_port(), free_port()
         self._spawn(
@@ -221,6 +269,8 @@ class ComponentProcesses(ClusterClients):
                 "--controllers="
                 + ",".join(["*", "-node-ipam-controller", *(f"-{c}" for c in controllers_off)]),
                 "--concurrent-statefulset-syncs=10",
+                *node_monitor_flags(node_lease_seconds),
+                *controller_manager_client_flags(controller_manager_qps),
                 "--v=1",
             ],
         )
@@ -250,7 +300,7 @@ class ComponentProcesses(ClusterClients):
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.0.0.1",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={node_lease_seconds}",
                 f"--server-address=127.0.0.1:{free_port()}",
             ],
         )

@@ -2,8 +2,9 @@
 
 It runs ``python -m bench`` with ``BENCH_SCALE=smoke`` (its own control plane with 10
 kwok nodes, 20 pods per plan, one repetition) and checks that every arm ran (the DRA
-phase's too: the claim controller against kube-scheduler on claims made beforehand, and
-beside other allocated claims; the apiserver's CPU per create and per apply with 1 and 3
+phase's too: the claim controller against kube-scheduler on claims made beforehand, against
+StatefulSets with a ResourceClaimTemplate (arm KT: the StatefulSet and resourceclaim
+controllers of the phase's own kube-controller-manager), and beside other allocated claims; the apiserver's CPU per create and per apply with 1 and 3
 releases), that every correctness check passed and that the report
 was written. Timings are never
 asserted: they depend on the machine and on what else runs on it.
@@ -84,9 +85,12 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
             continue
         if r["arm"] in DRA_ARMS:
             assert r["pods"] == scale.dra_plan.pods and r["throughput"] > 0, r
-            if r["arm"] != "K":
+            if r["arm"] in ("D", "DF"):
                 # The claim controller's own metrics were read: its replica keys and their CPU time.
                 assert r["dra_keys"] >= r["pods"] and r["dra_key_cpu_ms"] > 0 and r["dra_key_ms"] > 0, r
+            if r["arm"] == "KT":
+                # The replicas and their claims came from the phase's kube-controller-manager.
+                assert r["cpu"]["kube-controller-manager-dra"] > 0 and r["dra_keys"] == 0, r
             continue
         plan = next((p for p in scale.plans if p.key == r["plan"]), None)
         if r["arm"] in ("W+", "W-", "P"):
@@ -128,6 +132,7 @@ def test_bench_smoke_scale_runs_every_arm_and_places_every_pod_correctly(tmp_pat
     assert "bound for a gpu-scheduler taking no time at all" in res.stdout
     assert "pod creates with the admission policies (injection.mode policy) / without" in res.stdout
     assert "throughput D/K" in res.stdout and "claim controller's CPU per replica key" in res.stdout
+    assert "throughput D/KT" in res.stdout and "**Where D's extra CPU goes**" in text
     assert "throughput T1/T0" in res.stdout
     assert "kube-apiserver CPU per mapped pod create, policy mode / unmutated" in res.stdout
     assert "504s answered to the" in res.stdout

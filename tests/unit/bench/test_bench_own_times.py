@@ -6,14 +6,14 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 
 import pytest
 
 from bench.arms import Run
+from bench.lease import HeldLease
 from bench.measure import own_times
 from bench.ratios import paired_ratio, ratios
-from bench.runner import Bench
+from bench.raw import Raw
 from bench.scales import SCALES, Results
 from kube_gpu_scheduler.base.logs import JsonFormatter
 
@@ -156,14 +156,14 @@ def test_bench_pairs_ratios_are_within_each_repetition() -> None:
 
 
 def test_arm_e_starts_its_clock_before_the_scheduler_can_have_bound_anything(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``Bench.release_lease`` (arm E's ``go()``): the scheduler takes the Lease and binds its
+    """``HeldLease.go`` (arm E's ``go()``, bench/lease.py): the scheduler takes the Lease and binds its
     first pods before ``/health`` answers "leading"; the moment returned comes before any of
     them, so no latency is negative (the smoke test once saw a p50 of -7 ms)."""
-    bench = Bench(SCALES["smoke"], tmp_path, "test")
+    lease = HeldLease(Raw.__new__(Raw), "/lease", "http://127.0.0.1:1/health")
     written: list[str | None] = []
-    monkeypatch.setattr(bench, "_write_lease", written.append)
+    monkeypatch.setattr(lease, "_write", written.append)
     first_bound: list[float] = []
 
     def leads() -> bool:
@@ -175,8 +175,8 @@ def test_arm_e_starts_its_clock_before_the_scheduler_can_have_bound_anything(
         time.sleep(0.02)
         return True
 
-    monkeypatch.setattr(bench, "_scheduler_leads", leads)
-    start = bench.release_lease()
+    monkeypatch.setattr(lease, "_leads", leads)
+    start = lease.go()
     assert written == [None]
     assert start <= min(first_bound), (start, first_bound)
     # Not earlier than needed: the start of the last "not leading" ask, within a poll interval.
@@ -184,11 +184,11 @@ def test_arm_e_starts_its_clock_before_the_scheduler_can_have_bound_anything(
 
 
 def test_arm_e_clock_starts_at_the_release_when_the_first_ask_already_leads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    bench = Bench(SCALES["smoke"], tmp_path, "test")
-    monkeypatch.setattr(bench, "_write_lease", lambda holder: time.sleep(0.01))
+    lease = HeldLease(Raw.__new__(Raw), "/lease", "http://127.0.0.1:1/health")
+    monkeypatch.setattr(lease, "_write", lambda holder: time.sleep(0.01))
     before = time.monotonic()
-    monkeypatch.setattr(bench, "_scheduler_leads", lambda: True)
-    start = bench.release_lease()
+    monkeypatch.setattr(lease, "_leads", lambda: True)
+    start = lease.go()
     assert before <= start <= time.monotonic()
