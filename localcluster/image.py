@@ -92,23 +92,25 @@ def cache_dir() -> Path:
     return Path(base) / "gpu-scheduler"
 
 
+def _in_context(f: Path) -> bool:
+    """What .dockerignore lets into the build context: no bytecode (Python writes it into the tree
+    whenever a module is imported, so it must not change the image's key mid-run)."""
+    return f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo")
+
+
 def context_files() -> list[Path]:
     out: list[Path] = []
     for entry in CONTEXT:
         p = REPO / entry
         if p.is_dir():
-            out += sorted(
-                f
-                for f in p.rglob("*")
-                if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo")
-            )
+            out += sorted(f for f in p.rglob("*") if _in_context(f))
         elif p.exists():
             out.append(p)
     # Files the Dockerfile copies from other folders (the dependency lock) join the digest too.
     for extra in dockerfile_copy_sources():
         p = REPO / extra
         if p.is_dir():
-            out += sorted(f for f in p.rglob("*") if f.is_file())
+            out += sorted(f for f in p.rglob("*") if _in_context(f))
         elif p.is_file() and p not in out:
             out.append(p)
     return sorted(set(out))

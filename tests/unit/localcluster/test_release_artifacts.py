@@ -201,3 +201,23 @@ def test_each_architecture_has_its_own_base_image_and_archive() -> None:
     assert image._arch_of(arm.archive.name.removesuffix(".oci.tar")) == "-arm64"
     assert image._arch_of(amd.archive.name.removesuffix(".oci.tar")) == ""
     assert image._arch_of(amd.ref) == "" and image._arch_of(arm.ref) == "-arm64"
+
+
+def test_bytecode_written_into_the_tree_does_not_change_the_images_key() -> None:
+    """Python writes .pyc files under kube_gpu_scheduler/ whenever the tests import a module; the
+    build context leaves them out (.dockerignore), so the key must too, or the image a release
+    pushes would not be the one the suite ran (a new key mid-run: a second build)."""
+    from localcluster import image
+
+    before = image.context_digest()
+    stray = REPO / "kube_gpu_scheduler" / "__pycache__" / "zz_key_probe.cpython-311.pyc"
+    loose = REPO / "kube_gpu_scheduler" / "zz_key_probe.pyc"
+    stray.parent.mkdir(exist_ok=True)
+    try:
+        stray.write_bytes(b"\0not code")
+        loose.write_bytes(b"\0not code")
+        assert image.context_digest() == before
+        assert not [f for f in image.context_files() if f.suffix == ".pyc" or "__pycache__" in f.parts]
+    finally:
+        stray.unlink(missing_ok=True)
+        loose.unlink(missing_ok=True)
