@@ -396,6 +396,14 @@ def test_helm_upgrade_from_webhook_to_policy_in_two_steps_and_back_admits_nothin
     """The migration of docs/injection.md: each step adds or removes one injector while the other
     is known to be working, so at every moment one of them injects."""
     release.install("webhook")
+    # Its pods Ready is not the apiserver reaching them through the Service (kube-proxy's rules
+    # follow the endpoints): the starting state is a webhook that injects, proven, before the probe.
+    wait_for(
+        lambda: release.webhook_reached(node_namespace),
+        timeout=180,
+        interval=2,
+        what="the webhook reached",
+    )
     chart = str(REPO / SCHEDULER_CHART)
     with Transition(release.cluster, node_namespace) as t:
         t.mark("1: add the policy")
