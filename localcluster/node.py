@@ -334,6 +334,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
             # The pods' nameserver: CoreDNS on the bridge's address (start_coredns).
             "clusterDNS": [GATEWAY],
             "clusterDomain": CLUSTER_DOMAIN,
+            # The suite runs one image under two names: the dev tag imported here (pods name it
+            # with pullPolicy Never) and the release pulled by digest from the test registry
+            # (tests/node/test_release_registry.py, test_upgrades.py). Once the kubelet has pulled
+            # it, the default (NeverVerifyPreloadedImages, KEP-2535) counts the image as pulled and
+            # no longer preloaded: a pod naming the dev tag must then prove it may pull it, which
+            # with Never it cannot (ErrImageNeverPull though `ctr images ls` shows the image).
+            # The test node trusts every image on it, as kubelets did before that feature.
+            "imagePullCredentialsVerificationPolicy": "NeverVerify",
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             # A shared CI machine: evict only when the host is nearly out of room.

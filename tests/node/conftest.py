@@ -135,7 +135,33 @@ class Product:
                 return
             last = f"deployments {[(d['metadata']['name'], d['status'].get('readyReplicas')) for d in deps]}, webhook endpoints ready {ready_endpoints}/{want_webhook}"
             time.sleep(1)
-        raise AssertionError(f"the release is not serving after {timeout:.0f}s: {last}")
+        raise AssertionError(
+            f"the release is not serving after {timeout:.0f}s: {last}; {self.why_not_ready()}"
+        )
+
+    def why_not_ready(self) -> str:
+        """Each pod of the release: its node, phase, and each container's waiting or terminated
+        reason; then the namespace's last warning events (what a person would run kubectl for)."""
+        rows = []
+        for p in self.pods():
+            states = [
+                f"{c['name']}:{next(iter(c.get('state') or {'?': {}}))}"
+                f"({((c.get('state') or {}).get('waiting') or (c.get('state') or {}).get('terminated') or {}).get('reason', '')})"
+                for c in p["status"].get("containerStatuses") or []
+            ]
+            rows.append(
+                f"{p['metadata']['name']} on {p['spec'].get('nodeName')}: {p['status'].get('phase')} {states}"
+            )
+        events = [
+            e
+            for e in self.cluster.get_json("events", "-n", self.namespace).get("items", [])
+            if e.get("type") == "Warning"
+        ]
+        notes = [
+            f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message', '')[:200]}"
+            for e in events[-8:]
+        ]
+        return f"pods {rows or 'none'}; warnings {notes or 'none'}"
 
     def rollout(self, timeout: int = 180) -> None:
         for dep in self.cluster.kubectl(

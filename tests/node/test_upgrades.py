@@ -87,7 +87,7 @@ class Release:
             f.flush()
             self.cluster.helm(
                 "install" if install else "upgrade", RELEASE, chart.ref, "--version", chart.version,
-                "--plain-http", "-n", SYSTEM_NS, "-f", f.name,
+                "--plain-http", "-n", SYSTEM_NS, "-f", f.name, *(["--create-namespace"] if install else []),
             )  # fmt: skip
 
     def image_ids(self) -> set[str]:
