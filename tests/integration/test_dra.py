@@ -26,7 +26,7 @@ from localcluster import dra as localdra
 from localcluster.cluster import REPO, Cluster, tool
 from localcluster.procs import ManagedProcess
 from localcluster.rbac import chart_identity, render_chart, scheduler_chart_values
-from localcluster.scheduler_host import run_scheduler
+from localcluster.scheduler_host import http_url, run_scheduler
 from tests.integration.fixtures_scheduler import statefulset
 from tests.support.waiting import wait_for
 
@@ -77,6 +77,17 @@ class Dra:
 
     def stop_scheduler(self) -> None:
         self.procs[-1].stop()
+
+    def cached(self, resource: str) -> float:
+        """How many objects of ``resource`` the running scheduler's watch holds now (its
+        ``gpu_scheduler_watch_cache_objects``): a test waits on it for the scheduler to have seen
+        an object it made, where the order of two watches' events is not given."""
+        import urllib.request
+
+        with urllib.request.urlopen(http_url(self.procs[-1], "/metrics"), timeout=5) as resp:
+            text = resp.read().decode()
+        want = f'gpu_scheduler_watch_cache_objects{{resource="{resource}"}} '
+        return next((float(line[len(want) :]) for line in text.splitlines() if line.startswith(want)), 0.0)
 
     def get(self, kind: str, name: str | None = None, *, all_ns: bool = False) -> Any:
         where = ["-A"] if all_ns else ["-n", self.namespace]

@@ -185,6 +185,8 @@ def test_a_noschedule_rule_keeps_a_new_replica_off_its_gpu_and_its_removal_place
     name = f"hold-{env.namespace}"
     rules.append(name)
     env.cluster.apply(taint_rule(name, a, gpu.name, "NoSchedule"))
+    # The rule's watch and the pods' are two streams: the pods come once the rule is seen.
+    wait_for(lambda: env.cached("devicetaintrules") >= 1, 30, what="the scheduler to see the rule")
     env.cluster.apply(env.statefulset("w", f"0={a}:1\n1={a}:2", 2))
     wait_for(lambda: env.placed("w-1"), 90, what="w-1 placed on its untainted GPU")
     wait_for(lambda: env.events("w-0", "GPUTainted"), 60, what="a GPUTainted event on w-0")

@@ -136,7 +136,9 @@ class Scheduler:
         )
         self.health = SchedulerHealth(self)
         self.metrics.track(lambda: len(self.queue), lambda: len(self.waiting))
-        self.metrics.track_view(lambda: holder_labels(self.ledger, self.pod), self.report.waiting)
+        self.metrics.track_view(
+            lambda: holder_labels(self.ledger, self.pod), self.report.waiting, self.caches
+        )
 
     def attach(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sized
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -120,11 +120,15 @@ class Metrics:
         self.gangs_waiting.set_function(waiting)
 
     def track_view(
-        self, holders: Callable[[], list[dict[str, str]]], waiting: Callable[[], dict[str, int]]
+        self,
+        holders: Callable[[], list[dict[str, str]]],
+        waiting: Callable[[], dict[str, int]],
+        caches: Callable[[], Mapping[str, object]] = dict,
     ) -> None:
         """Read at each scrape: one ``gpu_scheduler_gpu_holder_info`` sample per held GPU
-        (``holders``: its labels), ``gpu_scheduler_waiting_pods{reason}`` (``waiting``)."""
-        self._view.holders, self._view.waiting = holders, waiting
+        (``holders``: its labels), ``gpu_scheduler_waiting_pods{reason}`` (``waiting``) and
+        ``gpu_scheduler_watch_cache_objects{resource}`` (``caches``: each watch's cache)."""
+        self._view.holders, self._view.waiting, self._view.caches = holders, waiting, caches
 
     def gc_collected(self, when: str, seconds: float) -> None:
         self.gc_full.labels(when).inc()
@@ -145,6 +149,7 @@ class _View(Collector):
     ) -> None:
         self.holders = holders
         self.waiting = waiting
+        self.caches: Callable[[], Mapping[str, object]] = dict
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         info = GaugeMetricFamily(
@@ -164,6 +169,20 @@ class _View(Collector):
         for reason in sorted({*ALL_REASONS, GANG_WAITING, *counts}):
             waiting.add_metric([reason], float(counts.get(reason, 0)))
         yield waiting
+        objects = GaugeMetricFamily(
+            "gpu_scheduler_watch_cache_objects",
+            "Objects in each watch's cache: what this process has seen of the cluster "
+            "(its memory grows with them).",
+            labels=("resource",),
+        )
+        try:
+            caches = self.caches()
+        except AttributeError:  # scraped before the caches are attached
+            caches = {}
+        for resource, cache in sorted(caches.items()):
+            if isinstance(cache, Sized):
+                objects.add_metric([resource], float(len(cache)))
+        yield objects
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []

@@ -300,3 +300,17 @@ def test_a_gated_pod_is_left_alone(world: World) -> None:
     world.pods.objs["ns/w-0"]["spec"]["schedulingGates"] = [{"name": "wait"}]
     world.sched.process("ns/w-0")
     assert world.writer.binds == [] and world.events.sent == []
+
+
+def test_each_watch_cache_size_is_a_gauge_read_at_scrape_time(world: World) -> None:
+    """``gpu_scheduler_watch_cache_objects{resource}``: what the process holds of each watch, read
+    from the caches when scraped (a pod added later counts at the next scrape)."""
+
+    def objects(resource: str) -> float | None:
+        return world.sched.metrics.registry.get_sample_value(
+            "gpu_scheduler_watch_cache_objects", {"resource": resource}
+        )
+
+    assert (objects("pods"), objects("assigned-pods"), objects("nodes")) == (1, 0, 1)
+    world.pods.objs["ns/w-1"] = pod("w-1", "1=node1:2")
+    assert objects("pods") == 2
