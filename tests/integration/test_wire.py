@@ -6,6 +6,7 @@ carry a request is replaced without the caller seeing it."""
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kube_gpu_scheduler.kube import wire as wire_mod
 from kube_gpu_scheduler.kube.client import load_client
 from kube_gpu_scheduler.kube.errors import ApiError, api_error, api_status
 from kube_gpu_scheduler.kube.jsonio import send_json
@@ -141,3 +143,74 @@ def test_a_dead_kept_alive_connection_is_replaced(cluster: Cluster, admin: Any) 
     send_json(admin, "POST", EVENTS, event(name), TIMEOUT)
     assert read_event(cluster, name)["metadata"]["name"] == name
     assert all(sock.fileno() == -1 for sock in idle), "the dead connections were closed"
+
+
+def _bound_token(cluster: Cluster, account: str, secret: str) -> str:
+    """A TokenRequest token for ``account`` bound to the Secret ``secret``: deleting the Secret
+    invalidates the token at once (what a rotation leaves of the old one, sooner)."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.admin_api())
+    uid = cluster.get_json("secret", secret, "-n", NS)["metadata"]["uid"]
+    spec = {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret, "uid": uid},
+    }
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    resp = core.create_namespaced_service_account_token(account, NS, body, _preload_content=False)
+    return str(json.loads(resp.data)["status"]["token"])
+
+
+def test_credentials_are_reused_between_requests_and_read_again_after_a_401(
+    cluster: Cluster, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's refresh hook is asked once per AUTH_TTL, not per request (it cost a third of
+    the CPU per pod); a token that stops working within that time costs one 401, then the
+    request goes with the token the client holds now."""
+    suffix = uuid.uuid4().hex[:6]
+    account, old_anchor, new_anchor = f"rot-{suffix}", f"old-{suffix}", f"new-{suffix}"
+    cluster.kubectl("create", "serviceaccount", account, "-n", NS)
+    cluster.kubectl(
+        "create", "rolebinding", account, "-n", NS, "--clusterrole=admin", f"--serviceaccount={NS}:{account}"
+    )
+    for anchor in (old_anchor, new_anchor):
+        cluster.kubectl("create", "secret", "generic", anchor, "-n", NS)
+    api = load_client(str(cluster.service_account_kubeconfig(NS, account)))
+    conf = api.configuration
+    asked: list[int] = []
+    old = _bound_token(cluster, account, old_anchor)
+    conf.api_key, conf.api_key_prefix = {"authorization": f"Bearer {old}"}, {}
+    conf.refresh_api_key_hook = lambda c: asked.append(1)
+    monkeypatch.setattr(wire_mod, "AUTH_TTL", 3600.0)  # only a 401 makes it read them again
+    cluster.wait_until(
+        lambda: _created(api, f"r0-{suffix}"), timeout=30, what="the account's RoleBinding in effect"
+    )
+    for i in range(5):
+        send_json(api, "POST", EVENTS, event(f"r{i + 1}-{suffix}"), TIMEOUT)
+    assert len(asked) == 1, f"the refresh hook was asked {len(asked)} times for 6 requests"
+    # Rotation: the client now holds a new token, and the old one is refused from now on.
+    conf.api_key = {"authorization": f"Bearer {_bound_token(cluster, account, new_anchor)}"}
+    cluster.kubectl("delete", "secret", old_anchor, "-n", NS)
+    cluster.wait_until(lambda: _refused(cluster, old), timeout=30, what="the old token refused")
+    before = len(asked)
+    send_json(api, "POST", EVENTS, event(f"after-{suffix}"), TIMEOUT)
+    assert len(asked) == before + 1, "the 401 made the wire read the credentials again"
+    assert read_event(cluster, f"after-{suffix}")["metadata"]["name"] == f"after-{suffix}"
+
+
+def _refused(cluster: Cluster, token: str) -> bool:
+    """Whether the apiserver answers 401 to ``token`` now."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    req = urllib.request.Request(
+        f"{cluster.server}/api/v1/namespaces/{NS}/events?limit=1",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        urllib.request.urlopen(req, context=ctx, timeout=10).close()
+    except urllib.error.HTTPError as err:
+        return err.code == 401
+    return False
