@@ -20,11 +20,13 @@ _EMPTY: Mapping[str, Any] = {}
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else _EMPTY
+    # A dict first: what every cache holds, and far cheaper than the ABC's isinstance (the
+    # scheduler asks ~100 of these per pod placed).
+    return value if type(value) is dict or isinstance(value, Mapping) else _EMPTY
 
 
 def _str_map(value: Any) -> Mapping[str, str]:
-    return value if isinstance(value, Mapping) else {}
+    return value if type(value) is dict or isinstance(value, Mapping) else {}
 
 
 class Meta:
@@ -115,7 +117,9 @@ class Pod(Meta):
     @property
     def key(self) -> str:
         """``namespace/name``, always with the namespace (``None/name`` when it has none)."""
-        return f"{self.namespace}/{self.name}"
+        meta = self.meta
+        ns, name = meta.get("namespace"), meta.get("name")
+        return f"{ns if isinstance(ns, str) else None}/{name if isinstance(name, str) else None}"
 
     @property
     def node_name(self) -> str | None:

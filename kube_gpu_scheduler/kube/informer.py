@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from kubernetes.watch.watch import iter_resp_lines
-
+from kube_gpu_scheduler.kube import watchstream
 from kube_gpu_scheduler.kube.backoff import Backoff
 from kube_gpu_scheduler.kube.errors import ApiError, ApiStatus, api_error, event_status, short_error
 from kube_gpu_scheduler.kube.jsonio import decode, list_all
@@ -271,7 +270,7 @@ class Informer:
             _request_timeout=(self._list_timeout[0], timeout + 30),
             **self._selectors,
         )
-        ended = False
+        ended, reuse = False, watchstream.reusable(resp)
         try:
             for event in _events(resp):
                 if stop.is_set():
@@ -282,7 +281,9 @@ class Informer:
             else:
                 ended = True
         finally:
-            if not ended:  # left mid-stream: the connection still holds unread bytes
+            # Left mid-stream, the connection still holds unread bytes; read by watchstream,
+            # urllib3 does not know its body was read.
+            if not ended or not reuse:
                 resp.close()
             resp.release_conn()
         return rv
@@ -336,7 +337,7 @@ class _View(Mapping[str, Obj]):
 
 
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    for line in iter_resp_lines(resp):
+    for line in watchstream.lines(resp):
         if line:
             yield decode(line)
 

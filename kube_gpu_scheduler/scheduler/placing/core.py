@@ -65,7 +65,7 @@ from kube_gpu_scheduler.scheduler.runtime.settings import EXTENDER, Settings
 from kube_gpu_scheduler.scheduler.runtime.workqueue import WorkQueue
 from kube_gpu_scheduler.scheduler.state.binding import PodWriter
 from kube_gpu_scheduler.scheduler.state.ledger import Ledger, pod_key
-from kube_gpu_scheduler.scheduler.state.pods import is_gated, is_pending, pod_signature
+from kube_gpu_scheduler.scheduler.state.pods import is_gated, is_pending, pod_signature, status_only
 from kube_gpu_scheduler.scheduler.state.usage import NodeUsage, footprint
 from kube_gpu_scheduler.scheduler.state.view import holder_labels
 from kube_gpu_scheduler.scheduler.tenancy.holdings import Tenancy
@@ -225,11 +225,13 @@ class Scheduler:
     # -- watch handlers (informer threads: record and enqueue only) -------------------
 
     def _pod_changed(self, old: Obj | None, pod: Obj) -> None:
-        self._requeue_nodes(self.ledger.observe(pod))
-        self.gangs.observe(pod)
-        # Our own pods' room on their nodes comes from this watch (the assigned-pods watch
-        # leaves them out: each of them, map and all, is decoded once, not twice).
-        self._requeue_nodes(self.usage.observe(Pod(pod).uid, footprint(pod)))
+        quiet = old is not None and status_only(old, pod)  # recorded as it is already
+        if not quiet:
+            self._requeue_nodes(self.ledger.observe(pod))
+            self.gangs.observe(pod)
+            # Our own pods' room on their nodes comes from this watch (the assigned-pods watch
+            # leaves them out: each of them, map and all, is decoded once, not twice).
+            self._requeue_nodes(self.usage.observe(Pod(pod).uid, footprint(pod)))
         if is_pending(pod):
             with self._lock:
                 self._first_seen.setdefault(Pod(pod).uid, time.monotonic())
@@ -238,7 +240,8 @@ class Scheduler:
         else:
             if refused_by_kubelet(pod) and (old is None or not refused_by_kubelet(old)):
                 self.refusals.observe(pod, self.nodes.get(Pod(pod).node_name or ""))
-            self._clear(pod)
+            if not quiet:  # else cleared when ``old`` came (not pending either)
+                self._clear(pod)
             if Pod(pod).deleting:
                 self.lost.check(pod, self.nodes.get(Pod(pod).node_name or ""))
 

@@ -314,3 +314,48 @@ def test_each_watch_cache_size_is_a_gauge_read_at_scrape_time(world: World) -> N
     assert (objects("pods"), objects("assigned-pods"), objects("nodes")) == (1, 0, 1)
     world.pods.objs["ns/w-1"] = pod("w-1", "1=node1:2")
     assert objects("pods") == 2
+
+
+def test_a_status_only_update_is_not_recorded_again_and_a_phase_or_spec_change_is(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's status writes (containers started, ready) change nothing the ledger, the
+    room or the gangs read: the handler skips them. A finished phase, a deletion or another
+    spec is recorded (the GPUs freed, the pod terminating)."""
+    import copy
+
+    from kube_gpu_scheduler.scheduler.state.pods import status_only
+
+    world.sched.process("ns/w-0")
+    bound = copy.deepcopy(world.pods.objs["ns/w-0"])
+    bound["spec"]["nodeName"], bound["status"]["phase"] = "node1", "Running"
+    bound["metadata"]["resourceVersion"] = "2"
+    world.sched._pod_changed(None, bound)
+    observed: list[str] = []
+    real = world.sched.ledger.observe
+    monkeypatch.setattr(
+        world.sched.ledger, "observe", lambda p: observed.append(p["metadata"]["resourceVersion"]) or real(p)
+    )
+    ready = copy.deepcopy(bound)
+    ready["metadata"]["resourceVersion"] = "3"
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    assert status_only(bound, ready)
+    world.sched._pod_changed(bound, ready)
+    assert observed == [] and world.holders("node1", 0) == ["ns/w-0"]
+    for change in ("phase", "deleting", "label"):
+        other = copy.deepcopy(ready)
+        other["metadata"]["resourceVersion"] = change
+        if change == "phase":
+            other["status"]["phase"] = "Succeeded"
+        elif change == "deleting":
+            other["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+        else:
+            other["metadata"].setdefault("labels", {})["x"] = "y"
+        assert not status_only(ready, other), change
+        world.sched._pod_changed(ready, other)
+        assert observed[-1] == change
+    assert world.holders("node1", 0) == ["ns/w-0"]  # the last one: labelled, still running
+    finished = copy.deepcopy(ready)
+    finished["status"]["phase"] = "Succeeded"
+    world.sched._pod_changed(ready, finished)
+    assert world.holders("node1", 0) == []
