@@ -21,6 +21,7 @@ Pure functions over API-shaped dicts: nothing here talks to the API.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,16 @@ def is_bytes(resource: str) -> bool:
 
 def to_amount(resource: str, raw: Any) -> int:
     """A quantity as kube-scheduler compares it (cpu in millicores, rounded up); 0 when unreadable."""
+    return _amount(resource, str(raw))
+
+
+# Every pod event's footprint reads its requests: the same few quantity strings ("1", "500m",
+# "1Gi") each time, and the client's parse_quantity goes through Decimal (a tenth of the pod
+# watch's handling). Bounded: a tenant writing many distinct quantities only evicts.
+@functools.lru_cache(maxsize=4096)
+def _amount(resource: str, raw: str) -> int:
     try:
-        value = parse_quantity(str(raw))
+        value = parse_quantity(raw)
     except (ValueError, TypeError, ArithmeticError):
         return 0
     if value <= 0:

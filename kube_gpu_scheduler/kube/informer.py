@@ -89,6 +89,8 @@ class Gone(Exception):
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
+    if type(meta) is dict:  # as decoded: no ABC check on every event
+        return meta
     return meta if isinstance(meta, Mapping) else {}
 
 
@@ -272,11 +274,13 @@ class Informer:
         )
         ended, reuse = False, watchstream.reusable(resp)
         try:
-            for event in _events(resp):
+            for line in watchstream.lines(resp):  # decoded here: one generator less per event
                 if stop.is_set():
                     break
+                if not line:
+                    continue
                 self.last_contact = time.monotonic()
-                rv = self._apply(event) or rv
+                rv = self._apply(decode(line)) or rv
                 self.resource_version = rv
             else:
                 ended = True
@@ -334,12 +338,6 @@ class _View(Mapping[str, Obj]):
 
     def __len__(self) -> int:
         return len(self._informer)
-
-
-def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    for line in watchstream.lines(resp):
-        if line:
-            yield decode(line)
 
 
 def _uid(obj: Mapping[str, Any]) -> str | None:

@@ -53,49 +53,57 @@ def reusable(resp: Any) -> bool:
 def lines(resp: Any) -> Iterator[bytes | str]:
     """Each line of the watch's body (empty lines included, as ``iter_resp_lines``)."""
     raw = _raw(resp)
-    if raw is None:
-        yield from iter_resp_lines(resp)
-        return
-    yield from chunked_lines(raw)
+    return iter_resp_lines(resp) if raw is None else chunked_lines(raw)
 
 
 def chunked_lines(raw: Any) -> Iterator[bytes]:
     """The lines of a chunked body read from ``raw`` (a buffered reader with ``read1``), up to
     its last chunk; :class:`WatchStreamError` on a malformed chunk or a connection that ends
-    before the last chunk."""
-    wire = bytearray()  # what was read, chunk framing included
-    pos = 0  # where the next chunk's size line starts in ``wire``
-    data = bytearray()  # the body, not yet split into lines
+    before the last chunk.
+
+    Each byte is copied about twice (the read, the line's slice): the apiserver writes one event
+    per chunk, and such a chunk's line is sliced straight out of what was read. A chunk holding
+    several lines, or part of one, goes through ``partial``; a chunk longer than one read is
+    joined once, when all of it is there."""
+    buf = b""  # what was read and not yet taken, chunk framing included
+    partial = b""  # the start of a line that a later chunk ends
     while True:
-        while True:  # every complete chunk in ``wire``
-            eol = wire.find(b"\r\n", pos)
+        pos, need = 0, 0
+        while True:  # every complete chunk in ``buf``
+            eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            size_text = bytes(wire[pos:eol]).split(b";", 1)[0].strip()
             try:
-                size = int(size_text, 16)
+                size = int(buf[pos:eol].split(b";", 1)[0], 16)
             except ValueError:
-                raise WatchStreamError(f"bad chunk size {size_text[:20]!r}") from None
+                raise WatchStreamError(f"bad chunk size {buf[pos:eol][:20]!r}") from None
+            if size < 0:
+                raise WatchStreamError(f"bad chunk size {size}")
             if size == 0:  # the last chunk: the apiserver ended the watch (its timeout)
-                rest = bytes(data).split(b"\n")
-                yield from rest[:-1] if rest[-1] == b"" else rest
+                if partial:
+                    yield partial
                 return
             start, end = eol + 2, eol + 2 + size
-            if len(wire) < end + 2:
+            if len(buf) < end + 2:
+                need = end + 2 - pos
                 break
-            if wire[end : end + 2] != b"\r\n":
+            if buf[end : end + 2] != b"\r\n":
                 raise WatchStreamError("a chunk not followed by CRLF")
-            data += wire[start:end]
             pos = end + 2
-        if pos:
-            del wire[:pos]
-            pos = 0
-        if data:
-            cut = data.rfind(b"\n")
-            if cut >= 0:
-                yield from bytes(data[:cut]).split(b"\n")
-                del data[: cut + 1]
-        piece = raw.read1(READ_SIZE)
-        if not piece:  # the informer resumes from the last version it applied
-            raise WatchStreamError("the connection ended before the watch's last chunk")
-        wire += piece
+            if not partial and buf[end - 1] == 0x0A and buf.find(b"\n", start, end - 1) < 0:
+                yield buf[start : end - 1]  # one whole event: the usual chunk
+                continue
+            lines = (partial + buf[start:end]).split(b"\n")
+            partial = lines.pop()
+            yield from lines
+        rest = buf[pos:] if pos else buf
+        pieces, have = [rest], len(rest)
+        while True:  # at least one read; more while the chunk begun is not all there
+            piece = raw.read1(READ_SIZE)
+            if not piece:  # the informer resumes from the last version it applied
+                raise WatchStreamError("the connection ended before the watch's last chunk")
+            pieces.append(piece)
+            have += len(piece)
+            if have >= need:
+                break
+        buf = b"".join(pieces) if rest else (pieces[1] if len(pieces) == 2 else b"".join(pieces))
