@@ -358,10 +358,11 @@ class Bench(Harness):
                     for arm in order:
                         run = self.bind_run(arm, plan, rep, measure_memory=arm in ("A", "E"))
                         self.record(run, f"{plan.label} {arm} ({arms.ARM_NAMES[arm]})")
-            # More repetitions of A, AO and G than of the others, for G/AO (Scale.paired_reps).
+            # More repetitions of A, AO and G than of the others, for G/AO (Scale.paired_reps),
+            # and of B2, for A/B2 as the median of the ratios within each repetition.
             for rep in range(self.scale.reps, self.scale.feature_reps):
                 for plan in plans:
-                    paired = tuple(a for a in PAIRED if a in self.scale.arms)
+                    paired = tuple(a for a in (*PAIRED, "B2") if a in self.scale.arms)
                     order = paired[rep % len(paired) :] + paired[: rep % len(paired)]
                     for arm in order:
                         run = self.bind_run(arm, plan, rep)

@@ -113,6 +113,30 @@ def test_a_features_price_is_the_median_of_its_ratios_within_each_repetition() -
     assert math.isnan(paired_ratio(runs, "n100-p500-r5", "G", "A"))  # no run of that plan
 
 
+def test_a_over_b2_is_also_the_median_of_the_pairs_with_its_target_from_five() -> None:
+    """Issue 43's A/B2 at 100 nodes: the median of the ratios within each repetition, judged
+    against 1.1 once at least five repetitions ran both arms (fewer: printed, no target)."""
+
+    def tp(arm: str, rep: int, value: float) -> Run:
+        return Run(arm, "n100-p500-r1", rep, 500, 5.0, value, 0.05, 0.2)
+
+    # The pace drifts; A is 1.2x B2 within every repetition but the last two (1.0x).
+    paces = [60.0, 45.0, 50.0, 40.0, 55.0, 52.0]
+    a_over = [1.2, 1.2, 1.2, 1.2, 1.0, 1.0]
+    runs = [tp("A", r, p * k) for r, (p, k) in enumerate(zip(paces, a_over, strict=True))]
+    runs += [tp("B2", r, p) for r, p in enumerate(paces)]
+
+    def rows(runs: list[Run]) -> dict[str, tuple[float, str]]:
+        found = ratios(Results("default", "", "", {}, runs=runs), SCALES["default"])
+        return {w: (v, t) for w, p, v, t in found if p.endswith("1/node") and "A/B2, the median" in w}
+
+    ((what, (value, target)),) = rows(runs).items()
+    assert "(6 pairs)" in what and math.isclose(value, 1.2) and target == ">= 1.1"
+    # Four pairs (B2 missing from the last two repetitions): printed without the target.
+    ((what, (value, target)),) = rows(runs[:-2]).items()
+    assert "(4 pairs)" in what and math.isclose(value, 1.2) and target == ""
+
+
 def test_the_gang_arms_twin_has_the_same_owners_and_no_gang_annotation() -> None:
     """AO and G place the same pods, both owned by their workload's StatefulSet; only G's are gangs."""
     from bench.gang import owned
