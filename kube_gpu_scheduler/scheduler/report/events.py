@@ -180,11 +180,16 @@ class EventRecorder:
                 full = True
             else:
                 full = False
+                # The sender sleeps up to 0.5 s with nothing queued and looks again every 50 ms
+                # while Normal Events wait: woken for a Warning, or for the first Event after a
+                # lull, not once per bound pod (a thread switch each, in the busiest moments).
+                idle = not self._urgent and not self._deferrable
                 if deferrable:
                     self._deferrable.append((self._clock(), write))
                 else:
                     self._urgent.append(write)
-                self._cond.notify()
+                if idle or not deferrable:
+                    self._cond.notify()
         if full:
             log.warning("event queue full, dropping an event", extra={"event": write.name})
 

@@ -142,6 +142,51 @@ def test_warnings_go_first_and_normal_events_wait_while_busy_up_to_the_limit() -
     assert third is not None and waited == []  # not busy: at once
 
 
+def test_the_sender_is_woken_for_warnings_and_after_a_lull_not_for_every_normal_event() -> None:
+    """A burst of Scheduled Events wakes the sender once (it looks again every 50 ms while they
+    wait); every Warning wakes it; so does the first Event after the queue emptied."""
+    rec = recorder(Clock())
+    woken: list[int] = []
+    real = rec._cond.notify
+    rec._cond.notify = lambda n=1: (woken.append(n), real(n))  # type: ignore[method-assign]
+    for i in range(5):
+        rec.normal(pod(f"u{i}", f"w-{i}"), "Scheduled", f"bound w-{i}")
+    assert len(woken) == 1 and rec.pending() == 5
+    rec.warning(pod("x", "w-9"), "FailedScheduling", "GPUInUse: ...")
+    assert len(woken) == 2
+    assert [w.body["reason"] for w in drain(rec)] == ["FailedScheduling"] + ["Scheduled"] * 5
+    rec.normal(pod("u7", "w-7"), "Scheduled", "bound w-7")  # after the lull: woken again
+    assert len(woken) == 3
+
+
+def test_a_started_sender_writes_a_burst_of_normal_events_once_not_busy() -> None:
+    """The sender thread, started: Normal Events queued while busy (no wake-up after the first)
+    are written once the scheduler is idle, within its 50 ms look."""
+    import threading
+
+    sent: list[str] = []
+    done = threading.Event()
+    busy = [True]
+    rec = EventRecorder(None, "c", "i", busy=lambda: busy[0], defer_max=30)  # type: ignore[arg-type]
+
+    def send(write: Any) -> None:
+        sent.append(write.name)
+        if len(sent) == 4:
+            done.set()
+
+    rec._send = send  # type: ignore[method-assign]
+    rec.start()
+    try:
+        for i in range(4):
+            rec.normal(pod(f"u{i}", f"w-{i}"), "Scheduled", f"bound w-{i}")
+        assert not done.wait(0.2) and sent == []  # busy: held
+        busy[0] = False
+        assert done.wait(5), sent
+    finally:
+        rec.stop()
+    assert len(sent) == 4
+
+
 def test_a_burst_of_pods_arriving_one_by_one_counts_as_placing(monkeypatch: Any) -> None:
     """The Scheduler's ``placing`` (what defers Scheduled Events): true while keys wait, and for
     BURST_GAP_S after a Binding, so pods that arrive one at a time (the queue empty between
