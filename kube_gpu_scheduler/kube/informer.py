@@ -231,10 +231,15 @@ class Informer:
                 stop.wait(delay)
 
     def _relist(self) -> str:
-        found, rv = list_all(
-            self._list_fn, page_size=self._page_size, request_timeout=self._list_timeout, **self._selectors
+        # Each object is transformed as its page is read: a full list of 15,000 pods never
+        # holds every pod's managedFields at once (a restart's peak memory).
+        items, rv = list_all(
+            self._list_fn,
+            page_size=self._page_size,
+            request_timeout=self._list_timeout,
+            transform=self._transform,
+            **self._selectors,
         )
-        items = [self._transform(i) for i in found]
         self.last_contact = time.monotonic()
         fresh = {object_key(o): o for o in items}
         with self._lock:

@@ -8,7 +8,7 @@ The client itself comes from :func:`kube_gpu_scheduler.kube.client.load_client`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -38,13 +38,20 @@ def read_json(resp: Any) -> Any:
 
 
 def list_all(
-    list_fn: Any, *, page_size: int = 500, request_timeout: Any = (10, 60), **kwargs: Any
+    list_fn: Any,
+    *,
+    page_size: int = 500,
+    request_timeout: Any = (10, 60),
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    **kwargs: Any,
 ) -> tuple[list[dict[str, Any]], str]:
     """Every object a list call returns, read in pages, and the list's resourceVersion.
 
     ``list_fn`` is a client list method (``CoreV1Api.list_node``...) and is called
     with ``_preload_content=False`` (raw JSON: what a watch sends too). An expired
-    continue token (410 Gone) starts the list over.
+    continue token (410 Gone) starts the list over. ``transform`` is applied to each
+    object as its page is read (an informer's: what it keeps), so that what it drops
+    (managedFields, much of a pod) is never held for the whole list at once.
     """
     items: list[dict[str, Any]] = []
     version = ""
@@ -61,10 +68,12 @@ def list_all(
                 continue
             raise
         body = read_json(resp)
-        items.extend(i for i in body.get("items") or [] if isinstance(i, dict))
         meta = body.get("metadata") or {}
         version = str(meta.get("resourceVersion") or version)
         token = meta.get("continue") or None
+        page_items = [i for i in body.get("items") or [] if isinstance(i, dict)]
+        del body  # the page's raw objects go (as transformed) before the next page is decoded
+        items.extend(map(transform, page_items) if transform is not None else page_items)
         if not token:
             return items, version
 

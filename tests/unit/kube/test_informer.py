@@ -401,3 +401,32 @@ def test_by_default_managed_fields_are_dropped(run: Run) -> None:
     run.start()
     eventually(run.informer.synced.is_set, "the list")
     assert run.informer.get("ns/a") == pod("a", "5", spec={"x": 1})
+
+
+def test_a_paged_list_is_transformed_page_by_page() -> None:
+    """``list_all`` hands each page's objects to the transform before it asks for the next page:
+    a relist of 15,000 pods never holds all their managedFields at once (a restart's peak)."""
+    from kube_gpu_scheduler.kube.jsonio import list_all
+
+    pages = [[pod(f"p{i}", str(i)) for i in range(k, k + 3)] for k in (0, 3, 6)]
+    for page in pages:
+        for obj in page:
+            obj["metadata"]["managedFields"] = [{"manager": "x" * 100}]
+    transformed: list[str] = []
+    seen_at_call: list[int] = []
+
+    def list_fn(**kwargs: Any) -> Response:
+        seen_at_call.append(len(transformed))
+        index = int(kwargs.get("_continue") or 0)
+        meta = {"resourceVersion": "42", **({"continue": str(index + 1)} if index + 1 < len(pages) else {})}
+        return Response(data=json.dumps({"metadata": meta, "items": pages[index]}).encode())
+
+    def slim(obj: Obj) -> Obj:
+        transformed.append(obj["metadata"]["name"])
+        obj["metadata"].pop("managedFields")
+        return obj
+
+    items, version = list_all(list_fn, page_size=3, transform=slim)
+    assert version == "42" and [o["metadata"]["name"] for o in items] == [f"p{i}" for i in range(9)]
+    assert all("managedFields" not in o["metadata"] for o in items)
+    assert seen_at_call == [0, 3, 6]  # each page transformed before the next one is asked for
