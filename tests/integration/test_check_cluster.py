@@ -353,7 +353,12 @@ def test_verify_release_with_the_chart_test_account(
     cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=true")
 
     def recreated() -> bool:
-        pod = read_pod(cluster, namespace, name)
+        # Between the delete and the StatefulSet controller's re-create the pod is absent: NotFound is "not yet".
+        got = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+        if got.returncode != 0:
+            assert "NotFound" in got.stderr, got.stderr
+            return False
+        pod = json.loads(got.stdout)
         return pod["metadata"]["uid"] != old_uid and bool(pod["spec"].get("nodeName"))
 
     wait_for(recreated, timeout=90, what=f"{name} re-created and bound")
