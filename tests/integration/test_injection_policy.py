@@ -525,11 +525,14 @@ def requests_for(index: int, text: str, r: random.Random) -> list[tuple[str, Inj
     try:
         ordinals = sorted(parse(text))
     except MapError:
+        # A map the parser refuses: one pod. Every other map, the ordinal its text starts with (a pod
+        # whose own line may be fine while another is not); else the next one (a pod with no line).
         digits = re.search(r"[0-9]+", text)
-        ordinals = [int(digits.group()) % 10**6] if digits else [0]
-    picked = {ordinals[0], ordinals[-1], r.choice(ordinals)}
-    missing = next(o for o in (ordinals[-1] + 1, 0, 1, 2) if o not in ordinals)
-    labels = [str(o) for o in sorted(picked)] + [str(missing)]
+        labels = [str((int(digits.group()) % 10**6 if digits else 0) + index % 2)]
+    else:
+        picked = {ordinals[0], ordinals[-1], r.choice(ordinals)}
+        missing = next(o for o in (ordinals[-1] + 1, 0, 1, 2) if o not in ordinals)
+        labels = [str(o) for o in sorted(picked)] + [str(missing)]
     if r.random() < 0.1:
         labels.append("0" * r.randint(1, 3) + labels[0])  # the scheduler reads "007" as 7
     out = []
