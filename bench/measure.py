@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,33 @@ def process_cpu_seconds(pid: int, proc: Path = Path("/proc"), ticks: int | None 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds each process spent between two readings (``Harness.cpu``), to the millisecond."""
     return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+
+
+def settle(
+    busy_seconds: Callable[[], float],
+    *,
+    window: float = 1.0,
+    quiet: float = 0.3,
+    cap: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[float, float]:
+    """Wait until the control plane is done with the previous arm: its pods deleted, the
+    apiserver, etcd, kwok and the controllers still busy with their watch events, Events and
+    garbage collection would otherwise be charged to the next arm (the arm that came after B2
+    read the slowest of four). ``busy_seconds`` is their CPU seconds so far; each ``window``
+    their CPU rate is read, and the wait ends once it is under ``quiet`` cores or stops
+    falling (it is the machine's floor, not the previous arm's tail), or after ``cap``
+    seconds. Returns (seconds waited, the last rate in cores)."""
+    waited, rate, last = 0.0, float("inf"), busy_seconds()
+    while waited < cap:
+        sleep(window)
+        waited += window
+        now = busy_seconds()
+        previous, rate = rate, max(0.0, now - last) / window
+        last = now
+        if rate <= quiet or rate >= 0.9 * previous:
+            break
+    return waited, rate
 
 
 def descendants(pid: int) -> list[int]:

@@ -56,7 +56,7 @@ from bench.dra import DraBench
 from bench.gang import CONTROLLERS_OFF, GANG_ARMS, OWNED_ARMS, Release, owned, owners, released
 from bench.harness import Harness
 from bench.lease import HeldLease
-from bench.measure import own_times, rss_mib, summarise_profile
+from bench.measure import own_times, rss_mib, settle, summarise_profile
 from bench.raw import Raw, run_parallel
 from bench.scales import Results, Scale, log
 from bench.tenancy import TenancyBench
@@ -303,6 +303,9 @@ class Bench(Harness):
         if arm == "GR":
             release = Release(self.raw, http_url(self.scheduler, "/metrics"), pods[0], SCHEDULER)
             hold, go = release.hold, release.go
+        # The previous arm's tail (its deletions' watch events, Events, garbage collection) is
+        # not this arm's to pay for.
+        self.settle()
         try:
             run = arms.run_bind_arm(
                 self.raw,
@@ -330,6 +333,16 @@ class Bench(Harness):
             if arm == "GR":
                 release.clean()
         return run
+
+    def settle(self) -> None:
+        def control_plane() -> float:
+            return sum(v for k, v in self.cpu().items() if k != "bench client")
+
+        waited, rate = settle(control_plane, cap=self.scale.settle_cap)
+        if waited >= self.scale.settle_cap:
+            log(
+                f"the control plane was still busy after {waited:.0f} s ({rate:.2f} cores): the arm starts anyway"
+            )
 
     def own_times(self, namespace: str, count: int) -> dict[str, float]:
         """The scheduler's own time per pod of ``namespace``, from its log (waits up to 10 s

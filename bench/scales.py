@@ -82,6 +82,8 @@ class Scale:
     node_lease_s: int = 40
     # kube-controller-manager's client QPS (0: its defaults, 20/30).
     kcm_qps: int = 0
+    # The most seconds a bind arm waits for the previous arm's tail to die down (bench.measure.settle).
+    settle_cap: float = 10.0
 
     @property
     def feature_reps(self) -> int:
@@ -132,6 +134,7 @@ SCALES = {
         dra_plan=Plan(10, 20, 1),
         dra_foreign=40,
         apiserver=ApiserverPlan((3, 20), (20, 20), (3, 3), 1, 1, 16, 1),
+        settle_cap=2.0,
     ),
     "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=9),
     "full": Scale(

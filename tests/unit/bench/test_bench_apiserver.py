@@ -90,7 +90,10 @@ def test_rows_carry_issue_43s_targets_and_say_whether_each_is_met() -> None:
     assert "| map of 3 | 1.25 | <= 1.3 | met |" in table
     assert "| map of 3000 | 2.50 | <= 2.0 | NOT met |" in table
     # The 3,000-entry rows say they ran fewer repetitions.
-    assert f"{plan.big_reps} repetitions" in creates[2][0] and "repetitions" not in creates[0][0].split("within")[1]
+    assert (
+        f"{plan.big_reps} repetitions" in creates[2][0]
+        and "repetitions" not in creates[0][0].split("within")[1]
+    )
     applies = [r for r in rows if r[0].startswith("kube-apiserver CPU per StatefulSet apply")]
     assert len(applies) == 6 and all(math.isclose(v, 3.0) and t == "" for _, _, v, t in applies)
     seconds, unserved, timeouts = rows[-3:]

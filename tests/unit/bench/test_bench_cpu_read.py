@@ -1,11 +1,14 @@
 """``bench.measure``: a process's CPU time read from its ``/proc/<pid>/stat`` (kube-apiserver's,
-for the apiserver phase), and the CPU each process spent between two readings."""
+for the apiserver phase), the CPU each process spent between two readings, and the wait for
+the control plane to settle between two arms."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.measure import cpu_delta, process_cpu_seconds, stat_cpu_seconds
+import pytest
+
+from bench.measure import cpu_delta, process_cpu_seconds, settle, stat_cpu_seconds
 
 
 def stat_line(pid: int, comm: str, utime: int, stime: int) -> str:
@@ -34,3 +37,36 @@ def test_the_cpu_of_a_process_from_a_fake_proc_and_its_delta(tmp_path: Path) -> 
     (tmp_path / "9").mkdir()
     (tmp_path / "9" / "stat").write_text("9 (truncated")
     assert process_cpu_seconds(9, tmp_path, ticks=100) == 0.0
+
+
+def settle_on(rates: list[float], **kw: float) -> tuple[tuple[float, float], list[float]]:
+    """``settle`` against a control plane spending ``rates`` cores in each successive second."""
+    total, readings = [0.0], iter(rates)
+    slept: list[float] = []
+
+    def busy() -> float:
+        return total[0]
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        total[0] += next(readings) * seconds
+
+    return settle(busy, sleep=sleep, **kw), slept
+
+
+def test_settle_waits_while_the_previous_arm_s_tail_dies_down() -> None:
+    # Falling: 1.8, 1.2, 0.6 cores; then 0.25, under the quiet level: four seconds.
+    (waited, rate), slept = settle_on([1.8, 1.2, 0.6, 0.25, 0.2, 0.2])
+    assert waited == 4.0 and rate == pytest.approx(0.25) and slept == [1.0] * 4
+
+
+def test_settle_stops_at_the_machine_s_floor_and_at_its_cap() -> None:
+    # A shared machine's floor above the quiet level: the rate stops falling (0.72 after 0.75).
+    (waited, rate), _ = settle_on([1.5, 0.75, 0.72, 0.7])
+    assert waited == 3.0 and rate == pytest.approx(0.72)
+    # Still falling at the cap: it gives up there.
+    (waited, rate), _ = settle_on([4.0, 3.0, 2.0, 1.0, 0.5], cap=3.0)
+    assert waited == 3.0 and rate == pytest.approx(2.0)
+    # Already quiet: one window.
+    (waited, _), _ = settle_on([0.1])
+    assert waited == 1.0
