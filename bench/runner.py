@@ -338,8 +338,9 @@ class Bench(Harness):
         def control_plane() -> float:
             return sum(v for k, v in self.cpu().items() if k != "bench client")
 
-        waited, rate = settle(control_plane, cap=self.scale.settle_cap)
-        if waited >= self.scale.settle_cap:
+        cap = self.scale.settle_cap
+        waited, rate = settle(control_plane, window=min(1.0, cap), cap=cap)
+        if waited >= cap > 1.0 and rate > 0.3:
             log(
                 f"the control plane was still busy after {waited:.0f} s ({rate:.2f} cores): the arm starts anyway"
             )

@@ -134,7 +134,7 @@ SCALES = {
         dra_plan=Plan(10, 20, 1),
         dra_foreign=40,
         apiserver=ApiserverPlan((3, 20), (20, 20), (3, 3), 1, 1, 16, 1),
-        settle_cap=2.0,
+        settle_cap=0.5,  # one half-second look: the smoke test pays for every second
     ),
     "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=9),
     "full": Scale(
