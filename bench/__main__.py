@@ -2,7 +2,7 @@
 
 Environment:
 
-* ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; about 35 minutes on 2 cores),
+* ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; about 37 minutes on 2 cores),
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods), ``smoke`` (10 nodes, 20 pods,
   one repetition: what ``make test`` runs) or ``huge`` (5,000 nodes, 15,000 pods, arms A, B2
   and L, the gpu-scheduler's memory and start-up: bench/huge.py; by hand only);
