@@ -38,7 +38,7 @@ RUN set -eu; cross=""; \
       cross="--target $site --implementation cp --python-version $py --abi cp$py --platform manylinux2014_$m"; \
       for v in $(seq 17 "$glibc"); do cross="$cross --platform manylinux_2_${v}_$m"; done; \
     fi; \
-    /opt/venv/bin/pip install --no-cache-dir --require-hashes --no-deps --only-binary=:all: $cross \
+    /opt/venv/bin/pip install --no-cache-dir --no-compile --require-hashes --no-deps --only-binary=:all: $cross \
       -r requirements/runtime.txt; \
     if [ -n "$cross" ]; then rm -rf "${site:?}/bin"; fi
 COPY pyproject.toml README.md ./
@@ -47,13 +47,14 @@ COPY kube_gpu_scheduler/ kube_gpu_scheduler/
 # An isolated PEP 517 build (pip fetches the build backend). Then the wheel itself, with no
 # index: pip installs nothing more, and finds every requirement of gpu-scheduler[nvml]
 # (extras of extras too, such as gunicorn[gevent]) already installed from the lock, or
-# the build fails here. Then every .pyc again, hash-based and unchecked (PEP 552): pip's are
-# checked against their source's mtime, which the image layers keep only in whole seconds,
-# so about half of them no longer matched, and each process recompiled those modules in
-# memory at every start (the root is read-only): about 80 MB more per Python process for
-# kubernetes' API modules, webhook workers OOM-killed under the chart's 256Mi limit.
+# the build fails here. Then every .pyc, once (pip writes none: --no-compile), hash-based and
+# unchecked (PEP 552): pip's would be checked against their source's mtime, which the image
+# layers keep only in whole seconds, so about half of them no longer matched, and each process
+# recompiled those modules in memory at every start (the root is read-only): about 80 MB more
+# per Python process for kubernetes' API modules, webhook workers OOM-killed under the
+# chart's 256Mi limit.
 RUN /opt/venv/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && /opt/venv/bin/pip install --no-cache-dir --no-index \
+    && /opt/venv/bin/pip install --no-cache-dir --no-compile --no-index \
       "$(find /wheels -name 'kube_gpu_scheduler-*.whl')[nvml]" \
     && /opt/venv/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash /opt/venv/lib
 

@@ -88,7 +88,7 @@ def test_build_stage_installs_the_hashed_lock_then_the_wheel_with_no_index() -> 
     assert wheel > lock
     # No index: pip installs nothing beyond the lock, and fails when the lock misses a requirement.
     assert re.search(
-        r"pip install (--no-cache-dir )?--no-index \"\$\(find /wheels [^)]*\)\[nvml\]\"", runs[wheel]
+        r"pip install (--no-cache-dir )?(--no-compile )?--no-index \"\$\(find /wheels [^)]*\)\[nvml\]\"", runs[wheel]
     )
 
 
@@ -102,6 +102,8 @@ def test_the_venv_is_compiled_hash_based_after_the_installs() -> None:
     assert wheel.index("compileall") > wheel.index("pip install")
     assert "--invalidation-mode unchecked-hash" in compile_cmd and " -f " in compile_cmd, compile_cmd
     assert "/opt/venv" in compile_cmd
+    # Once: pip writes none (its own would be timestamp-checked, and recompiled by -f anyway).
+    assert all("--no-compile" in c for c in runs if re.search(r"/opt/venv/bin/pip install", c)), runs
 
 
 def test_runtime_is_non_root_and_writes_nothing() -> None:
