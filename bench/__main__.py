@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.report import report
 from bench.runner import REPO, Bench
-from bench.scales import SCALES, Results, Scale, huge, log
+from bench.scales import SCALES, Results, Scale, huge, log, repetitions_of
 
 # Settings that change what a run measures or where it writes: the report's command names them.
 OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR", "BENCH_HUGE_NODES")
@@ -91,13 +91,7 @@ def main() -> int:
             scale = huge(int(results.runs[0].plan.split("-")[0][1:])) if results.runs else scale
             if not os.environ.get("BENCH_DOC"):
                 doc = (REPO / "docs" / "benchmarks-huge.md").resolve()
-        if results.runs:
-            paired = {"A", "AO", "G", "T0", "T1"}
-            scale = dataclasses.replace(
-                scale,
-                reps=1 + max((r.rep for r in results.runs if r.arm not in paired), default=0),
-                paired_reps=1 + max(r.rep for r in results.runs),
-            )
+        scale = repetitions_of(scale, results.runs)
         report(results, scale, doc)
         return 0
     reps = os.environ.get("BENCH_REPS", "").strip()
@@ -105,7 +99,7 @@ def main() -> int:
         if not reps.isdigit() or int(reps) < 1:
             print(f"BENCH_REPS={reps!r}: a whole number >= 1", file=sys.stderr)
             return 2
-        scale = dataclasses.replace(scale, reps=int(reps), paired_reps=int(reps))
+        scale = dataclasses.replace(scale, reps=int(reps), paired_reps=int(reps), dra_reps=int(reps))
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]

@@ -348,6 +348,7 @@ class DraBench:
                 def create(body: bytes) -> None:
                     raw.request("POST", STATEFULSETS.format(ns=ns), body, ok=(201,))
 
+            self.bench.settle()  # the previous arm's drain is not this arm's to pay for
             watch = PodWatch(raw, ns).start()
             keys_before = key_metrics(self.metrics_url) if controller else {}
             cpu_before = self.bench.cpu()
@@ -394,9 +395,11 @@ class DraBench:
         self.start_scheduler()
         try:
             self.start_controllers()
-            arms = ("D", "K", "KT")
-            for rep in range(self.scale.reps):
-                for arm in arms[rep % 3 :] + arms[: rep % 3]:
+            # D and KT run more repetitions than K (Scale.dra_reps): D/KT is the median of the
+            # ratios within each, as A/B2's.
+            for rep in range(max(self.scale.reps, self.scale.dra_reps)):
+                arms = ("D", "K", "KT") if rep < self.scale.reps else ("D", "KT")
+                for arm in arms[rep % len(arms) :] + arms[: rep % len(arms)]:
                     self.bench.record(
                         self.run_arm(arm, rep), f"{self.plan.label} {arm} ({DRA_ARM_NAMES[arm]})"
                     )

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.arms import Run, create_namespace
-from bench.measure import cpu_seconds
+from bench.measure import cpu_seconds, settle
 from bench.raw import Raw
 from bench.scales import Results, Scale, log, machine
 from localcluster.cluster import Cluster
@@ -33,6 +33,20 @@ class Harness:
         times = os.times()
         out["bench client"] = times.user + times.system
         return out
+
+    def settle(self) -> None:
+        """Wait for the previous arm's tail (its deletions' watch events, Events, garbage
+        collection) to die down: it is not the next arm's to pay for (bench.measure.settle)."""
+
+        def control_plane() -> float:
+            return sum(v for k, v in self.cpu().items() if k != "bench client")
+
+        cap = self.scale.settle_cap
+        waited, rate = settle(control_plane, window=min(1.0, cap), cap=cap)
+        if waited >= cap > 1.0 and rate > 0.3:
+            log(
+                f"the control plane was still busy after {waited:.0f} s ({rate:.2f} cores): the arm starts anyway"
+            )
 
     def namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
         assert self.raw is not None

@@ -230,7 +230,7 @@ docstrings of `bench/`. At 5,000 nodes and 15,000 pods (`make bench BENCH_SCALE=
 only): docs/benchmarks-huge.md.
 
 - Command: `{results.command}`
-- Scale: `BENCH_SCALE={scale.name}`; {scale.reps} repetition(s) ({scale.feature_reps} of the arms that price a feature, A, AO and G, T0 and T1, and of B2 beside them for A/B2 paired within each), arms interleaved, each bind arm starting once the control plane's CPU has settled after the last (at most {scale.settle_cap:.0f} s); creator {scale.create_threads} threads, raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.
+- Scale: `BENCH_SCALE={scale.name}`; {scale.reps} repetition(s) ({scale.feature_reps} of the arms that price a feature, A, AO and G, T0 and T1, and of B2 beside them for A/B2 paired within each; {max(scale.reps, scale.dra_reps)} of D and KT for D/KT paired within each), arms interleaved, each bind and DRA arm starting once the control plane's CPU has settled after the last (at most {scale.settle_cap:.0f} s); creator {scale.create_threads} threads, raw binder {scale.bind_threads} threads; the whole run took {results.duration_s / 60:.1f} min.
 - Machine: {m["nproc"]} CPUs ({m["cpu"]}), {m["memory_gib"]} GiB memory, Linux {m["kernel"]}, Python {m["python"]}.
 - Load average (1, 5, 15 min) at the start: {m["load_start"]}; at the end: {results.load_end}. Everything (etcd,
   kube-apiserver, controller-manager, kube-scheduler, kwok, the gpu-scheduler, the webhook and the harness) shares these CPUs.

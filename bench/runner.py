@@ -56,7 +56,7 @@ from bench.dra import DraBench
 from bench.gang import CONTROLLERS_OFF, GANG_ARMS, OWNED_ARMS, Release, owned, owners, released
 from bench.harness import Harness
 from bench.lease import HeldLease
-from bench.measure import own_times, rss_mib, settle, summarise_profile
+from bench.measure import own_times, rss_mib, summarise_profile
 from bench.raw import Raw, run_parallel
 from bench.scales import Results, Scale, log
 from bench.tenancy import TenancyBench
@@ -333,17 +333,6 @@ class Bench(Harness):
             if arm == "GR":
                 release.clean()
         return run
-
-    def settle(self) -> None:
-        def control_plane() -> float:
-            return sum(v for k, v in self.cpu().items() if k != "bench client")
-
-        cap = self.scale.settle_cap
-        waited, rate = settle(control_plane, window=min(1.0, cap), cap=cap)
-        if waited >= cap > 1.0 and rate > 0.3:
-            log(
-                f"the control plane was still busy after {waited:.0f} s ({rate:.2f} cores): the arm starts anyway"
-            )
 
     def own_times(self, namespace: str, count: int) -> dict[str, float]:
         """The scheduler's own time per pod of ``namespace``, from its log (waits up to 10 s

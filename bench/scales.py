@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,10 @@ class Scale:
     # The DRA phase (bench/dra.py): its plan, and how many other allocated claims arm DF runs beside.
     dra_plan: Plan = DRA_PLAN
     dra_foreign: int = 3000
+    # Repetitions of D and KT (K runs ``reps``; 0: as many), D/KT paired within each: three
+    # single runs of D read from 36 to 50 pods/s on these shared cores, and D/KT from 0.72 to
+    # 1.07 between runs of the phase.
+    dra_reps: int = 0
     # The price of a feature (G/AO: gangs; T1/T0: tenancy) is the median of ratios within each
     # repetition, each pair run back to back; one pair ranged from 0.72 to 1.28 on these shared
     # cores, so those arms run more repetitions than the others (0: as many). The median of 3
@@ -136,7 +142,7 @@ SCALES = {
         apiserver=ApiserverPlan((3, 20), (20, 20), (3, 3), 1, 1, 16, 1),
         settle_cap=0.5,  # one half-second look: the smoke test pays for every second
     ),
-    "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=9),
+    "default": Scale("default", (_DEFAULT,), 3, 500, (3, 500, 3000), 5000, paired_reps=9, dra_reps=5),
     "full": Scale(
         "full",
         (
@@ -210,3 +216,26 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_start": load,
     }
+
+
+# The arms that run more repetitions than the others: Scale.paired_reps (B2 beside A in them),
+# Scale.dra_reps.
+PAIRED_ARMS = frozenset({"A", "AO", "G", "T0", "T1", "B2"})
+DRA_PAIRED_ARMS = frozenset({"D", "KT"})
+
+
+def repetitions_of(scale: Scale, runs: list[Run]) -> Scale:
+    """``scale`` with the repetitions ``runs`` (a results file's) were made with: what the
+    report of ``--report-only`` says."""
+    if not runs:
+        return scale
+
+    def count(arms: Callable[[str], bool]) -> int:
+        return 1 + max((r.rep for r in runs if arms(r.arm)), default=0)
+
+    return dataclasses.replace(
+        scale,
+        reps=count(lambda a: a not in PAIRED_ARMS | DRA_PAIRED_ARMS),
+        paired_reps=count(lambda a: a in PAIRED_ARMS),
+        dra_reps=count(lambda a: a in DRA_PAIRED_ARMS),
+    )

@@ -54,10 +54,12 @@ def test_d_against_kt_with_its_target_and_where_the_extra_cpu_goes() -> None:
     plan = SCALES["default"].dra_plan
     d_cpu = {"kube-apiserver": 30.0, "gpu-scheduler-dra": 12.0, DRA_KCM: 1.0, "etcd": 5.0}
     kt_cpu = {"kube-apiserver": 26.0, "gpu-scheduler-dra": 1.0, DRA_KCM: 7.0, "etcd": 5.0}
-    runs = [_run("D", plan, rep, 18.0, d_cpu) for rep in range(3)]
-    runs += [_run("KT", plan, rep, 20.0, kt_cpu) for rep in range(3)]
+    # The control plane's pace drifts between repetitions: D/KT is the median of the ratios
+    # within each (0.5, 1.8, 0.8), not the ratio of the medians (18/20).
+    runs = [_run("D", plan, rep, t, d_cpu) for rep, t in enumerate((10.0, 18.0, 40.0))]
+    runs += [_run("KT", plan, rep, t, kt_cpu) for rep, t in enumerate((20.0, 10.0, 50.0))]
     rows = {what.split(" (")[0]: (value, target) for what, _, value, target in dra_ratios(runs, plan, 3000)}
-    assert rows["throughput D/KT"] == (0.9, ">= 0.9")
+    assert rows["throughput D/KT"] == (0.8, ">= 0.9")
     assert rows["p99 create-to-bound D/KT"][0] == 0.5
     line = extra_cpu_line([r for r in runs if r.arm == "D"], [r for r in runs if r.arm == "KT"])
     # The largest gap first; equal processes left out.
