@@ -88,7 +88,8 @@ def test_build_stage_installs_the_hashed_lock_then_the_wheel_with_no_index() -> 
     assert wheel > lock
     # No index: pip installs nothing beyond the lock, and fails when the lock misses a requirement.
     assert re.search(
-        r"pip install (--no-cache-dir )?(--no-compile )?--no-index \"\$\(find /wheels [^)]*\)\[nvml\]\"", runs[wheel]
+        r"pip install (--no-cache-dir )?(--no-compile )?--no-index \"\$\(find /wheels [^)]*\)\[nvml\]\"",
+        runs[wheel],
     )
 
 
