@@ -24,6 +24,10 @@ The DRA phase of ``make bench`` (after the bind and create arms, on the same con
      controllers make the replicas and their claims, kube-scheduler allocates any free GPU and
      binds (bench/drakt.py: its clock and its read-back);
 
+   each arm starts once the control plane's CPU has settled after the last (``Harness.settle``:
+   the previous arm's drain is not its to pay for); D and KT run ``Scale.dra_reps`` repetitions
+   (K ``reps``), and D/K and D/KT are the median of the ratios within each (bench/drareport.py);
+
 4. ``foreign`` other claims are made (allocated, through their status, to the GPUs of
    ResourceSlices of nodes that do not run pods here: the cluster's other workloads), and ``DF``
    (arm D again) runs with them present; then they go.

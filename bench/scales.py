@@ -88,7 +88,7 @@ class Scale:
     node_lease_s: int = 40
     # kube-controller-manager's client QPS (0: its defaults, 20/30).
     kcm_qps: int = 0
-    # The most seconds a bind arm waits for the previous arm's tail to die down (bench.measure.settle).
+    # The most seconds a bind or DRA arm waits for the previous arm's tail to die down (Harness.settle).
     settle_cap: float = 10.0
 
     @property
