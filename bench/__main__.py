@@ -4,12 +4,13 @@ Environment:
 
 * ``BENCH_SCALE``: ``default`` (100 nodes, 500 pods; about 37 minutes on 2 cores),
   ``full`` (adds 1,000 nodes, 500 and 3,000 pods), ``smoke`` (10 nodes, 20 pods,
-  one repetition: what ``make test`` runs) or ``huge`` (5,000 nodes, 15,000 pods, arms A, B2
-  and L, the gpu-scheduler's memory and start-up: bench/huge.py; by hand only);
+  one repetition: what ``make test`` runs), ``huge`` (5,000 nodes, 15,000 pods, arms A, B2
+  and L, the gpu-scheduler's memory and start-up: bench/huge.py; by hand only) or ``dra``
+  (the DRA phase alone at 1,000 nodes and 1,000 replicas, D/KT there; by hand only);
 * ``BENCH_HUGE_NODES``: the huge scale's node count (default 5,000; three pods per node), e.g.
   50 for a quick run of the same code path;
 * ``BENCH_DOC``: where to write the report (default docs/benchmarks.md, docs/benchmarks-huge.md
-  at the huge scale; the plot beside it);
+  at the huge scale, docs/benchmarks-dra.md at the dra scale; the plot beside the first);
 * ``BENCH_REPS``: repetitions per arm, overriding the scale's (default 3, and 9 for the arms
   that price a feature, A, AO and G, T0 and T1; smoke 1; ``python -m bench.pairs`` runs more
   pairs of A, AO and G alone);
@@ -38,6 +39,8 @@ from bench.scales import SCALES, Results, Scale, huge, log, repetitions_of
 
 # Settings that change what a run measures or where it writes: the report's command names them.
 OVERRIDES = ("BENCH_REPS", "BENCH_DOC", "BENCH_WORKDIR", "BENCH_HUGE_NODES")
+# Where each scale writes its report unless BENCH_DOC says otherwise (under docs/).
+DOCS = {"huge": "benchmarks-huge.md", "dra": "benchmarks-dra.md"}
 
 
 def exact_command(environ: Mapping[str, str], scale: str, args: Sequence[str]) -> str:
@@ -80,7 +83,7 @@ def main() -> int:
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2
-    default_doc = "benchmarks-huge.md" if name == "huge" else "benchmarks.md"
+    default_doc = DOCS.get(name, "benchmarks.md")
     doc = Path(os.environ.get("BENCH_DOC") or REPO / "docs" / default_doc).resolve()
     workdir = Path(os.environ.get("BENCH_WORKDIR") or REPO / ".cluster" / "bench").resolve()
     command = exact_command(os.environ, name, sys.argv[1:])
@@ -89,8 +92,8 @@ def main() -> int:
         scale = scale_of(results.scale, os.environ)
         if results.scale == "huge":  # at the node count it ran at ("n<nodes>-..." plan keys)
             scale = huge(int(results.runs[0].plan.split("-")[0][1:])) if results.runs else scale
-            if not os.environ.get("BENCH_DOC"):
-                doc = (REPO / "docs" / "benchmarks-huge.md").resolve()
+        if not os.environ.get("BENCH_DOC"):
+            doc = (REPO / "docs" / DOCS.get(results.scale, "benchmarks.md")).resolve()
         scale = repetitions_of(scale, results.runs)
         report(results, scale, doc)
         return 0
@@ -103,7 +106,8 @@ def main() -> int:
     results = Bench(scale, workdir, command).run()
     report(results, scale, doc)
     wrong = [r for r in results.runs if not r.correct]
-    written = doc if "startup" in scale.phases else f"{doc} and {doc.with_suffix('.png')}"
+    plotted = "startup" not in scale.phases and scale.arms
+    written = f"{doc} and {doc.with_suffix('.png')}" if plotted else doc
     log(f"wrote {written}; results in {workdir / 'results.json'}")
     if wrong:
         for r in wrong:

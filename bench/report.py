@@ -7,7 +7,7 @@ from typing import Any
 
 from bench.apiserver import apiserver_section
 from bench.arms import ARM_NAMES, INJECTION_NAMES, INJECTIONS, Run
-from bench.drareport import dra_section
+from bench.drareport import dra_ratios, dra_section
 from bench.huge import huge_ratios
 from bench.ratios import print_ratios, ratio_table, ratios, runs_of
 from bench.scales import Results, Scale
@@ -388,7 +388,54 @@ What the arms are: [benchmarks.md](benchmarks.md); this scale: `bench/huge.py`.
     doc.write_text(text)
 
 
+def write_dra_doc(results: Results, scale: Scale, doc: Path) -> list[tuple[str, str, float, str]]:
+    """docs/benchmarks-dra.md (``BENCH_SCALE=dra``): the DRA phase alone at its plan's nodes."""
+    m = results.machine
+    v = versions()
+    plan = scale.dra_plan
+    rows = dra_ratios(results.runs, plan, scale.dra_foreign)
+    wrong = [r for r in results.runs if not r.correct]
+    correctness = (
+        "Every run passed its correctness check."
+        if not wrong
+        else "**Correctness failures:** "
+        + "; ".join(f"{r.arm} {r.plan} rep {r.rep}: {r.problems[0]}" for r in wrong)
+    )
+    text = f"""# Benchmarks: DRA mode at {plan.nodes:,} nodes
+
+Written by `make bench BENCH_SCALE=dra` ({results.started}); do not edit by hand, run it again.
+The same DRA phase as [benchmarks.md](benchmarks.md)'s (its arms are explained there and below;
+`bench/dra.py`, `bench/drakt.py`), alone: no bind arm or other phase runs before it.
+
+- Command: `{results.command}`
+- Scale: `BENCH_SCALE=dra`, {plan.nodes} kwok nodes with 8 GPUs each; {max(scale.reps, scale.dra_reps)}
+  repetitions of D and KT (D/KT paired within each), {scale.reps} of K and DF, arms interleaved, each
+  starting once the control plane's CPU has settled after the last (at most {scale.settle_cap:.0f} s);
+  the whole run took {results.duration_s / 60:.1f} min.
+- Machine: {m["nproc"]} CPUs ({m["cpu"]}), {m["memory_gib"]} GiB memory, Linux {m["kernel"]}, Python {m["python"]}.
+- Load average (1, 5, 15 min) at the start: {m["load_start"]}; at the end: {results.load_end}.
+- Control plane: kube-apiserver {v.get("KUBERNETES_VERSION")}, etcd {v.get("ETCD_VERSION")}, kwok {v.get("KWOK_VERSION")}.
+
+## Ratios
+
+{ratio_table(rows)}
+
+{correctness}
+
+## DRA mode
+
+{dra_section(results.runs, plan, scale.dra_foreign, results.memory_notes.get("dra_foreign", ""))}
+"""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    return rows
+
+
 def report(results: Results, scale: Scale, doc: Path) -> list[tuple[str, str, float, str]]:
+    if scale.phases == ("dra",) and not scale.arms:
+        rows = write_dra_doc(results, scale, doc)
+        print_ratios(rows)
+        return rows
     if "startup" in scale.phases:
         rows = huge_ratios(results, scale)
         write_huge_doc(results, scale, doc)

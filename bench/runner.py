@@ -351,6 +351,8 @@ class Bench(Harness):
     LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NS}/leases/{SCHEDULER}"
 
     def bind_arms(self) -> None:
+        if not self.scale.arms:  # BENCH_SCALE=dra: its phase alone
+            return
         for index, (nodes, plans) in enumerate(self.scale.groups):
             if index > 0:
                 self.add_nodes(nodes)

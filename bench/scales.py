@@ -160,6 +160,21 @@ SCALES = {
         dra_plan=Plan(1000, 1000, 1),
     ),
     "huge": huge(),
+    # D/KT at 1,000 nodes alone (docs/benchmarks-dra.md): the full scale's DRA plan, one workload
+    # of 1,000 replicas, one per node, with the default scale's repetitions of D and KT and no
+    # bind arm or other phase before it (the full scale's run takes over an hour).
+    "dra": Scale(
+        "dra",
+        ((1000, ()),),
+        3,
+        0,
+        (),
+        0,
+        dra_plan=Plan(1000, 1000, 1),
+        dra_reps=5,
+        arms=(),
+        phases=("dra",),
+    ),
 }
 
 
