@@ -65,7 +65,7 @@ from kube_gpu_scheduler.scheduler.runtime.settings import EXTENDER, Settings
 from kube_gpu_scheduler.scheduler.runtime.workqueue import WorkQueue
 from kube_gpu_scheduler.scheduler.state.binding import PodWriter
 from kube_gpu_scheduler.scheduler.state.ledger import Ledger, pod_key
-from kube_gpu_scheduler.scheduler.state.pods import is_gated, is_pending, pod_signature, status_only
+from kube_gpu_scheduler.scheduler.state.pods import is_gated, is_pending, pod_signature, quiet_update
 from kube_gpu_scheduler.scheduler.state.usage import NodeUsage, footprint
 from kube_gpu_scheduler.scheduler.state.view import holder_labels
 from kube_gpu_scheduler.scheduler.tenancy.holdings import Tenancy
@@ -225,7 +225,7 @@ class Scheduler:
     # -- watch handlers (informer threads: record and enqueue only) -------------------
 
     def _pod_changed(self, old: Obj | None, pod: Obj) -> None:
-        quiet = old is not None and status_only(old, pod)  # recorded as it is already
+        quiet = old is not None and quiet_update(old, pod)  # recorded as it is already
         if not quiet:
             self._requeue_nodes(self.ledger.observe(pod))
             self.gangs.observe(pod)

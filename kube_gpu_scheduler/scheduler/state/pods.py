@@ -39,21 +39,40 @@ def is_gated(pod: Mapping[str, Any]) -> bool:
     return bool(Pod(pod).spec.get("schedulingGates"))
 
 
-# Metadata the API server changes on every write: never read by a placement check.
-_BOOKKEEPING = frozenset(("resourceVersion", "managedFields"))
+# Metadata the API server changes on every write (and ``generation``, on a change of the spec,
+# compared itself, or a deletion): never read by a placement check.
+_BOOKKEEPING = frozenset(("resourceVersion", "managedFields", "generation"))
+# And what a deletion sets: a bound pod holds its GPUs and its room until it is gone.
+_DELETION = _BOOKKEEPING | {"deletionTimestamp", "deletionGracePeriodSeconds"}
 _MISSING = object()
+# Phases after which a pod holds nothing (kube_gpu_scheduler.domain.holding.FINISHED_PHASES).
+_FINISHED = frozenset(("Succeeded", "Failed"))
 
 
-def status_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Between ``old`` and ``new`` only the status changed (its phase excepted) and the metadata's
-    bookkeeping: the kubelet reporting containers started or ready, a condition written. What
-    the GPU ledger, the node's room, the gangs and the retry signature read is the same, so the
-    watch handler has nothing to record again (about one update in four of a placed pod)."""
+def quiet_update(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """From ``old`` to ``new`` nothing changed that the GPU ledger, the node's room, the gangs or
+    the retry signature read, so the watch handler has nothing to record again:
+
+    * only the status and the metadata's bookkeeping: the kubelet (or kwok) reporting containers
+      started or ready, a condition written;
+    * a bound pod's phase between Pending and Running (its spec, equal, names its node: it is
+      never pending either way), not into or out of a finished one (the GPUs freed);
+    * a bound pod's deletion starting (``deletionTimestamp``): it holds its GPUs and its room
+      until it is gone. A pending pod's is recorded: it is no longer waiting.
+
+    Two of a placed pod's three updates are quiet (its first status, its deletion); its Binding
+    is not."""
     o, n = Pod(old), Pod(new)
-    if o.phase != n.phase or o.spec != n.spec:
+    if o.spec != n.spec:
+        return False
+    bound = n.node_name is not None
+    if o.phase != n.phase and (not bound or o.phase in _FINISHED or n.phase in _FINISHED):
         return False
     om, nm = o.meta, n.meta
-    return len(om) == len(nm) and all(k in _BOOKKEEPING or nm.get(k, _MISSING) == v for k, v in om.items())
+    allowed = _DELETION if bound else _BOOKKEEPING
+    if any(k not in allowed and nm.get(k, _MISSING) != v for k, v in om.items()):
+        return False
+    return all(k in om or k in allowed for k in nm)
 
 
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:

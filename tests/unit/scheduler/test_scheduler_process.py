@@ -316,15 +316,16 @@ def test_each_watch_cache_size_is_a_gauge_read_at_scrape_time(world: World) -> N
     assert objects("pods") == 2
 
 
-def test_a_status_only_update_is_not_recorded_again_and_a_phase_or_spec_change_is(
+def test_a_status_only_update_or_a_bound_pods_deletion_is_not_recorded_again_and_a_phase_or_spec_change_is(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The kubelet's status writes (containers started, ready) change nothing the ledger, the
-    room or the gangs read: the handler skips them. A finished phase, a deletion or another
-    spec is recorded (the GPUs freed, the pod terminating)."""
+    """The kubelet's status writes (containers started, ready, a bound pod Running) and a bound
+    pod's deletion starting change nothing the ledger, the room or the gangs read: the handler
+    skips them (a terminating pod keeps its GPUs). A finished phase, a pending pod's deletion,
+    a label or another spec is recorded (the GPUs freed, the pod no longer waiting)."""
     import copy
 
-    from kube_gpu_scheduler.scheduler.state.pods import status_only
+    from kube_gpu_scheduler.scheduler.state.pods import quiet_update
 
     world.sched.process("ns/w-0")
     bound = copy.deepcopy(world.pods.objs["ns/w-0"])
@@ -339,19 +340,44 @@ def test_a_status_only_update_is_not_recorded_again_and_a_phase_or_spec_change_i
     ready = copy.deepcopy(bound)
     ready["metadata"]["resourceVersion"] = "3"
     ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    assert status_only(bound, ready)
+    assert quiet_update(bound, ready)
     world.sched._pod_changed(bound, ready)
     assert observed == [] and world.holders("node1", 0) == ["ns/w-0"]
-    for change in ("phase", "deleting", "label"):
+    # The first status of a bound pod: Pending to Running on the same node, nothing to record.
+    started = copy.deepcopy(bound)
+    started["status"]["phase"] = "Pending"
+    assert quiet_update(started, bound)
+    # Not for a pod without a node (it would stop being pending), nor into or out of a finished phase.
+    unbound_old, unbound_new = copy.deepcopy(started), copy.deepcopy(bound)
+    del unbound_old["spec"]["nodeName"], unbound_new["spec"]["nodeName"]
+    assert not quiet_update(unbound_old, unbound_new)
+    for before, after in (("Running", "Failed"), ("Pending", "Succeeded"), ("Failed", "Running")):
+        a, b = copy.deepcopy(bound), copy.deepcopy(bound)
+        a["status"]["phase"], b["status"]["phase"] = before, after
+        assert not quiet_update(a, b), (before, after)
+    # A bound pod's deletion starting: it still holds its GPU, nothing to record.
+    deleting = copy.deepcopy(ready)
+    deleting["metadata"].update(
+        deletionTimestamp="2026-11-29T00:00:00Z", deletionGracePeriodSeconds=30, generation=2
+    )
+    assert quiet_update(ready, deleting)
+    world.sched._pod_changed(ready, deleting)
+    assert observed == [] and world.holders("node1", 0) == ["ns/w-0"]
+    # A pending pod's is recorded: it is no longer waiting.
+    pending = world.pods.objs["ns/w-0"]
+    assert not quiet_update(
+        pending, {**pending, "metadata": {**pending["metadata"], "deletionTimestamp": "t"}}
+    )
+    for change in ("phase", "finalizer", "label"):
         other = copy.deepcopy(ready)
         other["metadata"]["resourceVersion"] = change
         if change == "phase":
             other["status"]["phase"] = "Succeeded"
-        elif change == "deleting":
-            other["metadata"]["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+        elif change == "finalizer":
+            other["metadata"]["finalizers"] = ["example.com/keep"]
         else:
             other["metadata"].setdefault("labels", {})["x"] = "y"
-        assert not status_only(ready, other), change
+        assert not quiet_update(ready, other), change
         world.sched._pod_changed(ready, other)
         assert observed[-1] == change
     assert world.holders("node1", 0) == ["ns/w-0"]  # the last one: labelled, still running
